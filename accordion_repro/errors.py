@@ -1,0 +1,17 @@
+"""Errors the user can act on.
+
+A ConfigError names the config key at fault so the message can be fixed on the command line
+before any rank starts; a DatasetMissingError says in one line where the files are expected.
+"""
+
+
+class ConfigError(ValueError):
+    """A composed config value is unknown or out of range."""
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        super().__init__(f"{key}: {message}")
+
+
+class DatasetMissingError(FileNotFoundError):
+    """The dataset files are not where the config says; the message says how to get them."""
