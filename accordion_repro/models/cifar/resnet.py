@@ -1,0 +1,51 @@
+"""ResNet-18 for 32x32 inputs, the kuangliu/pytorch-cifar layout the paper trains.
+
+3x3 stem (no 7x7, no max-pool), BasicBlocks [2, 2, 2, 2], bias-free convs with BatchNorm,
+global average pool, one linear layer: 11,173,962 parameters for 10 classes.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .layers import GlobalPoolClassifier, conv_bn, projection_shortcut, residual_stages
+
+BASE_STAGE_CHANNELS = (64, 128, 256, 512)
+BLOCKS_PER_STAGE = (2, 2, 2, 2)
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 convs plus a shortcut, ReLU after the sum."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int):
+        super().__init__()
+        self.residual = nn.Sequential(
+            conv_bn(in_channels, out_channels, 3, stride=stride),
+            conv_bn(out_channels, out_channels, 3, relu=False),
+        )
+        self.shortcut = projection_shortcut(in_channels, out_channels, stride, bias=False)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        return self.relu(self.residual(x) + self.shortcut(x))
+
+
+def scaled_channels(channels: int, width: float) -> int:
+    """Channel count after the width multiplier; never below one channel."""
+    return max(1, int(round(channels * width)))
+
+
+class ResNet18(nn.Module):
+    """`width` multiplies every channel count so CPU runs can use a smaller network of the same
+    shape; width=1.0 is the paper's model."""
+
+    def __init__(self, num_classes: int, width: float = 1.0):
+        super().__init__()
+        stage_channels = [scaled_channels(c, width) for c in BASE_STAGE_CHANNELS]
+        self.stem = conv_bn(3, stage_channels[0], 3)
+        self.stages, out_channels = residual_stages(
+            BasicBlock, stage_channels[0], stage_channels, list(BLOCKS_PER_STAGE))
+        self.classifier = GlobalPoolClassifier(out_channels, num_classes)
+
+    def forward(self, x):
+        return self.classifier(self.stages(self.stem(x)))

@@ -1,0 +1,65 @@
+"""SE-ResNet-18 in the weiaicunzai/pytorch-cifar100 layout used by the official Accordion code.
+
+Differs from the kuangliu ResNet-18: every conv (including the 1x1 projection) carries a bias,
+the second conv of a block is followed by ReLU *before* squeeze-excitation, the SE gate is two
+Linear layers with reduction 16, and ReLU follows the residual sum. The official stage 4 width
+is 516 (a typo for 512); `stage4_channels` chooses between them.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .layers import GlobalPoolClassifier, conv_bn, projection_shortcut, residual_stages
+
+FIRST_STAGES_CHANNELS = (64, 128, 256)
+BLOCKS_PER_STAGE = (2, 2, 2, 2)
+SE_REDUCTION = 16
+
+
+class SqueezeExcitation(nn.Module):
+    """Per-channel gate in (0, 1) computed from the globally pooled feature map."""
+
+    def __init__(self, channels: int, reduction: int = SE_REDUCTION):
+        super().__init__()
+        hidden = channels // reduction
+        self.gate = nn.Sequential(
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(1),
+            nn.Linear(channels, hidden),
+            nn.ReLU(inplace=True),
+            nn.Linear(hidden, channels),
+            nn.Sigmoid(),
+        )
+
+    def forward(self, x):
+        return self.gate(x)[:, :, None, None]
+
+
+class SEBasicBlock(nn.Module):
+    def __init__(self, in_channels: int, out_channels: int, stride: int):
+        super().__init__()
+        self.residual = nn.Sequential(
+            conv_bn(in_channels, out_channels, 3, stride=stride, bias=True),
+            conv_bn(out_channels, out_channels, 3, bias=True),
+        )
+        self.excitation = SqueezeExcitation(out_channels)
+        self.shortcut = projection_shortcut(in_channels, out_channels, stride, bias=True)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        residual = self.residual(x)
+        return self.relu(residual * self.excitation(residual) + self.shortcut(x))
+
+
+class SENet18(nn.Module):
+    def __init__(self, num_classes: int, stage4_channels: int = 512):
+        super().__init__()
+        stage_channels = [*FIRST_STAGES_CHANNELS, stage4_channels]
+        self.stem = conv_bn(3, stage_channels[0], 3, bias=True)
+        self.stages, out_channels = residual_stages(
+            SEBasicBlock, stage_channels[0], stage_channels, list(BLOCKS_PER_STAGE))
+        self.classifier = GlobalPoolClassifier(out_channels, num_classes)
+
+    def forward(self, x):
+        return self.classifier(self.stages(self.stem(x)))
