@@ -1,0 +1,81 @@
+"""One shaped gloo all-reduce, timed: the check that the link delivers the bandwidth it claims.
+
+Run as a module inside each namespace (rank from the environment); rank 0 writes a JSON file.
+With two workers gloo's ring all-reduce sends every rank's whole buffer once across the link
+(half in the reduce-scatter, half in the all-gather), so the expected time is size / bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from accordion_repro.netbench.netns import LinkSpec, NamespacePair
+from accordion_repro.netbench.ranks import python_argv, run_two_ranks
+
+
+@dataclass(frozen=True)
+class AllreduceMeasurement:
+    numel: int
+    bytes: int
+    times_s: list[float]
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.times_s)
+
+    def expected_s(self, link: LinkSpec) -> float:
+        return self.bytes * 8 / link.bandwidth_bps
+
+    def effective_bandwidth_bps(self) -> float:
+        return self.bytes * 8 / self.median_s
+
+
+def measure_shaped_allreduce(pair: NamespacePair, *, numel: int, repeats: int, work_dir: Path,
+                             timeout_s: float = 60.0) -> AllreduceMeasurement:
+    """Start the probe in both namespaces of an already created (and shaped) pair."""
+    out = Path(work_dir) / "allreduce.json"
+    argv = python_argv("accordion_repro.netbench.allreduce_probe", "--numel", str(numel),
+                       "--repeats", str(repeats), "--out", str(out))
+    run_two_ranks(pair, argv, log_dir=Path(work_dir), timeout_s=timeout_s)
+    data = json.loads(out.read_text())
+    return AllreduceMeasurement(numel=data["numel"], bytes=data["bytes"], times_s=data["times_s"])
+
+
+def _probe(numel: int, repeats: int, out: Path) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        buffer = torch.ones(numel, dtype=torch.float32)
+        dist.all_reduce(buffer)  # warm-up: connections and TCP windows open before timing
+        times = []
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(buffer)
+            times.append(time.perf_counter() - start)
+        if dist.get_rank() == 0:
+            out.write_text(json.dumps({"numel": numel, "bytes": numel * buffer.element_size(),
+                                       "times_s": times}))
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--numel", type=int, required=True)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    _probe(args.numel, args.repeats, args.out)
+
+
+if __name__ == "__main__":
+    main()
