@@ -1,0 +1,46 @@
+# Every target runs in .venv/ (made by `make install`, or on first use by test and demo).
+PY      ?= python3
+VENV    := .venv
+PYTHON  := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+RUNS    ?= results/runs
+NET     ?= 10gbit
+
+.PHONY: install test test-fast demo figures bench bench-network reproduce-cpu clean-demo help
+
+help:
+	@echo "make install | test | demo | figures [RUNS=dir NET=10gbit] | bench | bench-network | reproduce-cpu"
+
+$(STAMP): pyproject.toml
+	@test -x $(PYTHON) || $(PY) -m venv $(VENV)
+	$(PYTHON) -m pip install --quiet --upgrade pip
+	$(PYTHON) -m pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PYTHON) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PYTHON) -m pytest -q -m "not slow"
+
+# Two gloo ranks train ResNet-18 on the offline synthetic CIFAR-10 for 2 short epochs.
+demo: $(STAMP)
+	$(PYTHON) -m accordion_repro.train model=resnet18 dataset=synthetic_cifar10 \
+		compressor=powersgd schedule=accordion schedule.interval=1 \
+		dist.nproc_per_node=2 trainer.epochs=3 trainer.batch_size=32 \
+		trainer.max_steps_per_epoch=8 trainer.max_eval_steps=4 logger.wandb.mode=offline \
+		trainer.progress=always run.name=demo
+
+figures: $(STAMP)
+	$(PYTHON) -m accordion_repro.analysis --runs $(RUNS) --out results --net $(NET)
+
+bench: $(STAMP)
+	$(PYTHON) scripts/bench_compressors.py
+
+bench-network: $(STAMP)
+	$(PYTHON) scripts/bench_network.py
+
+reproduce-cpu: $(STAMP)
+	$(PYTHON) scripts/reproduce_cpu.py

@@ -1,0 +1,127 @@
+"""What one training step and one evaluation mean for each kind of data.
+
+The training loop is the same for CIFAR classification and WikiText-2 language modelling; only
+batching, the loss and the reported metric differ. A task hides those differences so the loop
+(and the reducer, detector and schedule behind it) never branches on the model.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from accordion_repro.data import batchify, bptt_windows, image_loader
+from accordion_repro.models import detach_hidden
+
+
+class ImageClassificationTask:
+    metric = "test_acc"
+
+    def __init__(self, bundle, *, rank: int, world_size: int, device: torch.device, seed: int,
+                 num_workers: int, reshuffle_each_epoch: bool, eval_batch_size: int):
+        self.bundle, self.rank, self.world_size = bundle, rank, world_size
+        self.device, self.seed, self.num_workers = device, seed, num_workers
+        self.reshuffle_each_epoch = reshuffle_each_epoch
+        self.eval_batch_size = eval_batch_size
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        per_rank = math.ceil(len(self.bundle.train) / self.world_size)
+        return math.ceil(per_rank / batch_size)
+
+    def train_batches(self, epoch: int, micro_batch: int) -> Iterator:
+        loader = image_loader(
+            self.bundle.train, batch_size=micro_batch, rank=self.rank, world_size=self.world_size,
+            epoch=epoch, shuffle=True, reshuffle_each_epoch=self.reshuffle_each_epoch,
+            seed=self.seed, num_workers=self.num_workers,
+        )
+        for x, y in loader:
+            yield x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def start_epoch(self, model, batch_size: int) -> None:
+        pass
+
+    def loss(self, model, batch) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(model(x), y)
+
+    @torch.no_grad()
+    def evaluate(self, model, max_steps: int | None) -> dict:
+        loader = torch.utils.data.DataLoader(self.bundle.test, batch_size=self.eval_batch_size,
+                                             shuffle=False, num_workers=self.num_workers)
+        total_loss, correct, seen = 0.0, 0, 0
+        for step, (x, y) in enumerate(loader):
+            if max_steps is not None and step >= max_steps:
+                break
+            x, y = x.to(self.device), y.to(self.device)
+            logits = model(x)
+            total_loss += F.cross_entropy(logits, y, reduction="sum").item()
+            correct += (logits.argmax(1) == y).sum().item()
+            seen += y.numel()
+        return {"test_loss": total_loss / max(seen, 1), "test_acc": 100.0 * correct / max(seen, 1),
+                "eval_examples": seen}
+
+
+class LanguageModelTask:
+    """Truncated BPTT over this rank's contiguous shard; the hidden state crosses windows."""
+
+    metric = "val_ppl"
+
+    def __init__(self, bundle, *, rank: int, world_size: int, device: torch.device, bptt: int,
+                 eval_batch_size: int):
+        self.bundle, self.rank, self.world_size = bundle, rank, world_size
+        self.device, self.bptt, self.eval_batch_size = device, bptt, eval_batch_size
+        self._train = None
+        self._batch_size = None
+        self.hidden = None
+
+    def _train_data(self, batch_size: int) -> torch.Tensor:
+        if self._batch_size != batch_size:
+            self._train = batchify(self.bundle.train, batch_size, self.rank, self.world_size).to(self.device)
+            self._batch_size = batch_size
+        return self._train
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        rows = self._train_data(batch_size).size(0)
+        return math.ceil((rows - 1) / self.bptt)
+
+    def start_epoch(self, model, batch_size: int) -> None:
+        self.hidden = model.init_hidden(batch_size)
+
+    def train_batches(self, epoch: int, micro_batch: int) -> Iterator:
+        yield from bptt_windows(self._train_data(micro_batch), self.bptt)
+
+    def loss(self, model, batch) -> torch.Tensor:
+        inputs, targets = batch
+        self.hidden = detach_hidden(self.hidden)
+        logits, self.hidden = model(inputs, self.hidden)
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+    @torch.no_grad()
+    def evaluate(self, model, max_steps: int | None) -> dict:
+        data = batchify(self.bundle.test, self.eval_batch_size, 0, 1).to(self.device)
+        hidden = model.init_hidden(self.eval_batch_size)
+        total, count = 0.0, 0
+        for step, (inputs, targets) in enumerate(bptt_windows(data, self.bptt)):
+            if max_steps is not None and step >= max_steps:
+                break
+            logits, hidden = model(inputs, hidden)
+            total += F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1),
+                                     reduction="sum").item()
+            count += targets.numel()
+        loss = total / max(count, 1)
+        return {"test_loss": loss, "val_ppl": math.exp(min(loss, 50.0)), "eval_examples": count}
+
+
+def build_task(bundle, cfg: dict, *, rank: int, world_size: int, device: torch.device, num_workers: int):
+    if bundle.kind == "text":
+        return LanguageModelTask(bundle, rank=rank, world_size=world_size, device=device,
+                                 bptt=int(cfg["dataset"]["bptt"]),
+                                 eval_batch_size=int(cfg["dataset"].get("eval_batch_size", 10)))
+    return ImageClassificationTask(
+        bundle, rank=rank, world_size=world_size, device=device, seed=int(cfg["seed"]),
+        num_workers=num_workers, reshuffle_each_epoch=bool(cfg["trainer"]["reshuffle_each_epoch"]),
+        eval_batch_size=int(cfg["trainer"]["eval_batch_size"]),
+    )

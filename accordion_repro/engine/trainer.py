@@ -1,0 +1,285 @@
+"""The training loop: local gradients -> detector -> reducer -> optimizer, epoch after epoch.
+
+One loop serves every model, compressor and schedule: the task hides the data, the reducer the
+communication, the schedule the adaptation. At the end of each epoch rank 0 turns the detector's
+view into a plan (levels, batch size, LR scale) and broadcasts it, so every rank applies the same
+plan from the next epoch on.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from accordion_repro.accordion import CriticalRegimeDetector, Plan, build_schedule, compact_levels
+from accordion_repro.comm import build_reducer
+from accordion_repro.config import compressor_level
+from accordion_repro.data import build_data
+from accordion_repro.engine import checkpoint
+from accordion_repro.engine.lr import build_epoch_lr
+from accordion_repro.engine.optim import build_optimizer, set_lr
+from accordion_repro.engine.tasks import build_task
+from accordion_repro.logging import RunLogger
+from accordion_repro.models import build_model, count_parameters
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Trainer:
+    def __init__(self, cfg: dict, run_dir: Path):
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.rank = dist.get_rank() if _distributed() else 0
+        self.world_size = dist.get_world_size() if _distributed() else 1
+        t = cfg["trainer"]
+        use_cuda = t["device"] == "cuda" or (t["device"] == "auto" and torch.cuda.is_available())
+        if use_cuda:
+            local = int(__import__("os").environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(local % torch.cuda.device_count())
+            self.device = torch.device("cuda", torch.cuda.current_device())
+            torch.backends.cudnn.benchmark = not t["deterministic"]
+            torch.backends.cudnn.deterministic = bool(t["deterministic"])
+        else:
+            self.device = torch.device("cpu")
+        num_workers = t["num_workers"] if t["num_workers"] != "auto" else (4 if use_cuda else 0)
+
+        # Same seed on every rank, as the official code; weights are then broadcast from rank 0.
+        _seed_everything(int(cfg["seed"]))
+        self.bundle = build_data(cfg["dataset"], int(cfg["seed"]))
+        model_opts = {k: v for k, v in cfg["model"].items() if k != "name"}
+        self.model = build_model(cfg["model"]["name"], num_classes=self.bundle.num_classes,
+                                 vocab_size=self.bundle.vocab_size, **model_opts).to(self.device)
+        self._broadcast_model()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.num_params = count_parameters(self.model)
+
+        comp = dict(cfg["compressor"])
+        comp_name = comp.pop("name")
+        self.reducer = build_reducer(comp_name, self.params, **comp)
+        self.compressible = [i for i, c in enumerate(self.reducer.compressible) if c]
+
+        self.base_batch = int(t["batch_size"])
+        sched = dict(cfg["schedule"])
+        sched_name = sched.pop("name")
+        self.schedule = build_schedule(
+            sched_name, num_layers=len(self.compressible), compressor=comp_name,
+            default_level=compressor_level(comp_name, comp),
+            base_global_batch=self.base_batch * self.world_size, world_size=self.world_size,
+            total_epochs=int(t["epochs"]), **sched)
+        self.detector = None
+        if self.schedule.needs_detector and self.rank == 0:
+            self.detector = CriticalRegimeDetector(
+                len(self.compressible), eta=float(sched.get("eta", 0.5)),
+                interval=int(sched.get("interval", 10)), lr_decay_rule=bool(sched.get("lr_decay_rule", True)))
+        self.plan: Plan = self.schedule.initial_plan()
+
+        self.task = build_task(self.bundle, cfg, rank=self.rank, world_size=self.world_size,
+                               device=self.device, num_workers=num_workers)
+        self.epoch_lr = build_epoch_lr(cfg["optim"], total_epochs=int(t["epochs"]),
+                                       world_size=self.world_size, batch_size=self.base_batch)
+        self.optimizer = build_optimizer(cfg["optim"], self.params, lr=self.epoch_lr(0))
+        self.clip = cfg["optim"].get("clip_grad_norm")
+        self.start_epoch = 0
+        self.wandb_id = None
+        self.totals = {"floats": 0, "bytes": 0, "train_time_s": 0.0}
+        self._resume()
+        self.logger = None
+        if self.rank == 0:
+            self.logger = RunLogger(self.run_dir, config=cfg, wandb_cfg=cfg["logger"]["wandb"],
+                                    wandb_id=self.wandb_id)
+            self.logger.truncate_from(self.start_epoch)
+
+    # ----------------------------------------------------------------------------------- set-up
+    def _broadcast_model(self) -> None:
+        if not _distributed():
+            return
+        with torch.no_grad():
+            for tensor in list(self.model.parameters()) + list(self.model.buffers()):
+                dist.broadcast(tensor.data, src=0)
+
+    def _resume(self) -> None:
+        if self.cfg["trainer"]["resume"] != "auto":
+            return
+        loaded = checkpoint.load(self.run_dir, self.rank, self.world_size)
+        if loaded is None:
+            return
+        shared, mine = loaded
+        self.model.load_state_dict(shared["model"])
+        self.optimizer.load_state_dict(shared["optimizer"])
+        self.schedule.load_state_dict(shared["schedule"])
+        if self.detector is not None and shared.get("detector") is not None:
+            self.detector.load_state_dict(shared["detector"])
+        self.plan = shared["plan"]
+        self.start_epoch = int(shared["epoch"]) + 1
+        self.wandb_id = shared.get("wandb_id")
+        self.totals = shared["totals"]
+        self.reducer.load_state_dict(mine["reducer"])
+        if "task" in mine and hasattr(self.task, "load_state_dict"):
+            self.task.load_state_dict(mine["task"])
+        checkpoint.set_rng_state(mine["rng"])
+
+    def _save(self, epoch: int) -> None:
+        shared = None
+        if self.rank == 0:
+            shared = {
+                "epoch": epoch, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "schedule": self.schedule.state_dict(),
+                "detector": self.detector.state_dict() if self.detector is not None else None,
+                "plan": self.plan, "wandb_id": self.logger.wandb_id if self.logger else None,
+                "totals": self.totals,
+            }
+        checkpoint.save(self.run_dir, shared, {"reducer": self.reducer.state_dict(),
+                                               "rng": checkpoint.rng_state()})
+
+    # ------------------------------------------------------------------------------- the loop
+    def fit(self) -> None:
+        t = self.cfg["trainer"]
+        epochs = int(t["epochs"])
+        if self.logger:
+            self.logger.update_summary(
+                status="running", num_params=self.num_params, world_size=self.world_size,
+                model=self.cfg["model"]["name"], dataset=self.cfg["dataset"]["name"],
+                data=self.bundle.description, scale=self.cfg["scale"]["name"], metric=self.task.metric)
+        try:
+            for epoch in range(self.start_epoch, epochs):
+                record = self._train_epoch(epoch)
+                record.update(self.task.evaluate(self.model, t["max_eval_steps"]) if self.rank == 0 else {})
+                record.update(self._end_epoch(epoch))
+                if self.logger:
+                    self.logger.log_epoch(record)
+                    metric = self.task.metric
+                    self.logger.update_summary(
+                        epochs_completed=epoch + 1, **{f"final_{metric}": record[metric]},
+                        final_test_loss=record["test_loss"], total_floats_sent=self.totals["floats"],
+                        total_bytes_sent=self.totals["bytes"], total_train_time_s=self.totals["train_time_s"])
+                if t["checkpoint"]:
+                    self._save(epoch)
+        except BaseException as exc:
+            if self.logger:
+                self.logger.update_summary(status="failed", error=f"rank {self.rank}: {type(exc).__name__}: {exc}")
+                self.logger.close()
+            raise
+        if self.logger:
+            self.logger.update_summary(status="completed")
+            self.logger.close()
+
+    def _micro_batches(self, per_worker: int) -> tuple[int, int]:
+        cap = self.cfg["trainer"]["max_micro_batch"]
+        if cap is None or per_worker <= cap or self.bundle.kind == "text":
+            return per_worker, 1
+        accum = math.ceil(per_worker / cap)
+        while per_worker % accum:
+            accum += 1
+        return per_worker // accum, accum
+
+    def _train_epoch(self, epoch: int) -> dict:
+        t = self.cfg["trainer"]
+        global_batch = self.plan.global_batch or self.base_batch * self.world_size
+        per_worker = global_batch // self.world_size
+        micro, accum = self._micro_batches(per_worker)
+        lr = self.epoch_lr(epoch) * self.plan.lr_scale
+        set_lr(self.optimizer, lr)
+        self.model.train()
+        self.task.start_epoch(self.model, micro)
+
+        steps_total = self.task.steps_per_epoch(per_worker)
+        if t["max_steps_per_epoch"] is not None:
+            steps_total = min(steps_total, int(t["max_steps_per_epoch"]))
+        show = t["progress"] == "always" or (t["progress"] == "auto" and sys.stdout.isatty())
+        bar = tqdm(total=steps_total, desc=f"epoch {epoch}", disable=not (show and self.rank == 0),
+                   leave=False, dynamic_ncols=True)
+        floats = bytes_ = collectives = 0
+        loss_sum, steps = 0.0, 0
+        compute_s = comm_s = 0.0
+        _sync(self.device)
+        epoch_start = time.perf_counter()
+        batches = iter(self.task.train_batches(epoch, micro))
+        while steps < steps_total:
+            t0 = time.perf_counter()
+            for p in self.params:
+                p.grad = None
+            step_loss, got = 0.0, 0
+            for batch in batches:
+                loss = self.task.loss(self.model, batch)
+                (loss / accum).backward()
+                step_loss += loss.item() / accum
+                got += 1
+                if got == accum:
+                    break
+            if got == 0:
+                break
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+            if self.detector is not None:
+                self.detector.accumulate([grads[i] for i in self.compressible])
+            _sync(self.device)
+            t1 = time.perf_counter()
+            stats = self.reducer.reduce(grads, self.plan.levels)
+            _sync(self.device)
+            t2 = time.perf_counter()
+            for p, g in zip(self.params, grads):
+                p.grad = g
+            if self.clip:
+                torch.nn.utils.clip_grad_norm_(self.params, float(self.clip))
+            self.optimizer.step()
+            _sync(self.device)
+            t3 = time.perf_counter()
+            compute_s += (t1 - t0) + (t3 - t2)
+            comm_s += t2 - t1
+            floats += stats.floats_sent
+            bytes_ += stats.bytes_sent
+            collectives += stats.collectives
+            loss_sum += step_loss
+            steps += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{step_loss:.3f}")
+        bar.close()
+        epoch_time = time.perf_counter() - epoch_start
+        self.totals["floats"] += floats
+        self.totals["bytes"] += bytes_
+        self.totals["train_time_s"] += epoch_time
+        return {
+            "epoch": epoch, "lr": lr, "train_loss": loss_sum / max(steps, 1), "steps": steps,
+            "batch_size": global_batch, "global_batch": global_batch, "micro_batch": micro,
+            "accumulation": accum, "floats_sent": floats, "bytes_sent": bytes_,
+            "collectives": collectives, "epoch_time_s": epoch_time, "compute_time_s": compute_s,
+            "comm_time_s": comm_s,
+        }
+
+    def _end_epoch(self, epoch: int) -> dict:
+        """Rank 0 decides the next epoch's plan; every rank applies it."""
+        info: dict = {"levels": None, "layer_levels": None, "critical_layers": None, "detector": None}
+        if self.plan.levels is not None:
+            info["levels"] = compact_levels(self.plan.levels)
+            info["layer_levels"] = list(self.plan.levels)
+        payload = [None]
+        if self.rank == 0:
+            critical = None
+            if self.detector is not None:
+                critical = self.detector.end_epoch(epoch, self.epoch_lr(epoch), self.epoch_lr(epoch + 1))
+                info["detector"] = self.detector.report
+                info["critical_layers"] = int(sum(critical))
+            payload = [self.schedule.on_epoch_end(epoch, critical)]
+        if _distributed():
+            dist.broadcast_object_list(payload, src=0)
+        self.plan = payload[0]  # the schedule's own state lives on rank 0 only
+        return info

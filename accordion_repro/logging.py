@@ -1,0 +1,78 @@
+"""Rank 0's record of a run: metrics.jsonl, summary.json and (optionally) wandb.
+
+The local files are the source of truth (the analysis reads only them); wandb mirrors them. A
+resumed run drops metrics lines of epochs it will redo, so that the file of a resumed run equals
+the file of a run that was never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from accordion_repro.utils import atomic_write_text
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+class RunLogger:
+    def __init__(self, run_dir: Path, *, config: dict, wandb_cfg: dict, wandb_id: str | None):
+        self.run_dir = Path(run_dir)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.summary_path = self.run_dir / "summary.json"
+        self.summary: dict[str, Any] = {}
+        if self.summary_path.exists():
+            self.summary = json.loads(self.summary_path.read_text())
+        self._wandb = None
+        self.wandb_id = wandb_id
+        if wandb_cfg["mode"] != "disabled":
+            self._start_wandb(config, wandb_cfg)
+
+    def _start_wandb(self, config: dict, wandb_cfg: dict) -> None:
+        import wandb
+
+        os.environ.setdefault("WANDB_SILENT", "true")
+        self.wandb_id = self.wandb_id or wandb.util.generate_id()
+        self._wandb = wandb.init(
+            project=wandb_cfg["project"], entity=wandb_cfg.get("entity"), group=wandb_cfg.get("group"),
+            tags=list(wandb_cfg.get("tags") or []), mode=wandb_cfg["mode"], dir=str(self.run_dir),
+            id=self.wandb_id, resume="allow", config=config, name=config["run"]["name"],
+        )
+
+    def truncate_from(self, epoch: int) -> None:
+        """Forget metrics of epochs >= epoch (they will be recomputed after a resume)."""
+        if not self.metrics_path.exists():
+            return
+        kept = [line for line in self.metrics_path.read_text().splitlines()
+                if line.strip() and json.loads(line)["epoch"] < epoch]
+        atomic_write_text(self.metrics_path, "".join(line + "\n" for line in kept))
+
+    def log_epoch(self, record: dict) -> None:
+        record = _jsonable(record)
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(record, sort_keys=False) + "\n")
+        if self._wandb is not None:
+            flat = {k: v for k, v in record.items() if isinstance(v, (int, float)) and v is not None}
+            self._wandb.log(flat, step=record["epoch"])
+
+    def update_summary(self, **fields: Any) -> None:
+        self.summary.update(_jsonable(fields))
+        atomic_write_text(self.summary_path, json.dumps(self.summary, indent=2, sort_keys=True) + "\n")
+        if self._wandb is not None:
+            self._wandb.summary.update({k: v for k, v in fields.items() if isinstance(v, (int, float, str))})
+
+    def close(self) -> None:
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
