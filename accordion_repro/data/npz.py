@@ -1,0 +1,128 @@
+"""Image datasets from .npz files: raw uint8 arrays or JPEG byte streams, one file or several.
+
+A file holds either `x_train`/`x_test` (N, 32, 32, 3) uint8 arrays, or the JPEG variant
+`train_jpeg`/`train_offsets` and `test_jpeg`/`test_offsets` (image i is the byte range
+offsets[i]:offsets[i+1]), with labels in `y_train`/`y_test` (or `*_fine` for CIFAR-100 files).
+
+Several files are joined: train parts are concatenated; test parts are concatenated but an
+image whose `test_index` (its index in the original test set, -1 when unknown) was already
+seen in an earlier file is dropped, so overlapping samples of one test set are counted once.
+
+JPEGs are decoded once, at load, and the decoded arrays are cached per file for the life of
+the process: decoding in __getitem__ would repeat the work every epoch on every rank.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+from PIL import Image
+
+from ..errors import ConfigError, DatasetMissingError
+from .bundle import DataBundle
+from .images import (CIFAR10_MEAN, CIFAR10_STD, ArrayImageDataset, check_labels, image_bundle,
+                     transforms_from_config)
+
+_DECODED: dict[tuple, dict[str, np.ndarray]] = {}
+
+
+def _paths(cfg) -> list[str]:
+    path = cfg.get("path", None)
+    if path is None or (not isinstance(path, str) and len(path) == 0):
+        raise ConfigError("dataset.path", "give an .npz file or a list of them")
+    return [str(path)] if isinstance(path, (str, os.PathLike)) else [str(p) for p in path]
+
+
+def check(cfg) -> None:
+    for path in _paths(cfg):
+        if not os.path.isfile(path):
+            raise DatasetMissingError(
+                f"npz dataset file not found: {os.path.abspath(path)} (dataset.path); point it "
+                f"at an .npz with x_train/y_train/x_test/y_test or train_jpeg/train_offsets, "
+                f"e.g. the samples described in the data folder's README.md")
+
+
+def decode_jpegs(blob: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Decode a concatenated JPEG byte stream into a uint8 (N, H, W, 3) array."""
+    data = blob.tobytes()
+    images = [np.asarray(Image.open(io.BytesIO(data[offsets[i]:offsets[i + 1]])).convert("RGB"))
+              for i in range(len(offsets) - 1)]
+    return np.stack(images) if images else np.zeros((0, 32, 32, 3), np.uint8)
+
+
+def _split(arrays, split: str, path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(images, labels, original test indices or -1) of one split of one file."""
+    if f"x_{split}" in arrays:
+        images = arrays[f"x_{split}"]
+    elif f"{split}_jpeg" in arrays and f"{split}_offsets" in arrays:
+        images = decode_jpegs(arrays[f"{split}_jpeg"], arrays[f"{split}_offsets"])
+    else:
+        raise ConfigError("dataset.path", f"{path} has neither x_{split} nor "
+                                          f"{split}_jpeg/{split}_offsets")
+    label_key = next((k for k in (f"y_{split}", f"y_{split}_fine") if k in arrays), None)
+    if label_key is None:
+        raise ConfigError("dataset.path", f"{path} has no y_{split} labels")
+    labels = np.asarray(arrays[label_key], dtype=np.int64)
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[1:] != (32, 32, 3):
+        raise ConfigError("dataset.path", f"{path}: {split} images must be uint8 (N, 32, 32, 3),"
+                                          f" got {images.dtype} {images.shape}")
+    if len(labels) != len(images):
+        raise ConfigError("dataset.path",
+                          f"{path}: {len(images)} {split} images but {len(labels)} labels")
+    index_key = f"{split}_index"
+    original = (np.asarray(arrays[index_key], dtype=np.int64) if index_key in arrays
+                else np.full(len(images), -1, np.int64))
+    return images, labels, original
+
+
+def load_file(path: str) -> dict[str, np.ndarray]:
+    """Both splits of one file, decoded; cached by path, size and modification time."""
+    stat = os.stat(path)
+    key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+    if key not in _DECODED:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {name: npz[name] for name in npz.files}
+        loaded = {}
+        for split in ("train", "test"):
+            images, labels, original = _split(arrays, split, path)
+            loaded.update({f"x_{split}": images, f"y_{split}": labels,
+                           f"{split}_index": original})
+        _DECODED[key] = loaded
+    return _DECODED[key]
+
+
+def join_files(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Concatenate train parts; concatenate test parts, keeping each original test index once."""
+    seen: set[int] = set()
+    keep_masks = []
+    for part in parts:
+        original = part["test_index"]
+        keep = np.array([i < 0 or i not in seen for i in original.tolist()], dtype=bool)
+        seen.update(i for i in original.tolist() if i >= 0)
+        keep_masks.append(keep)
+    return {
+        "x_train": np.concatenate([p["x_train"] for p in parts]),
+        "y_train": np.concatenate([p["y_train"] for p in parts]),
+        "x_test": np.concatenate([p["x_test"][k] for p, k in zip(parts, keep_masks)]),
+        "y_test": np.concatenate([p["y_test"][k] for p, k in zip(parts, keep_masks)]),
+    }
+
+
+def build(cfg, seed: int) -> DataBundle:
+    check(cfg)
+    paths = _paths(cfg)
+    num_classes = int(cfg.get("num_classes", 10))
+    if num_classes < 2:
+        raise ConfigError("dataset.num_classes", f"must be at least 2, got {num_classes}")
+    joined = join_files([load_file(p) for p in paths])
+    for split in ("train", "test"):
+        check_labels(joined[f"y_{split}"], num_classes, f"the {split} split of {paths}")
+    train_tf, test_tf = transforms_from_config(cfg, CIFAR10_MEAN, CIFAR10_STD)
+    train = ArrayImageDataset(joined["x_train"], joined["y_train"], train_tf)
+    test = ArrayImageDataset(joined["x_test"], joined["y_test"], test_tf)
+    files = ", ".join(os.path.basename(p) for p in paths)
+    augment = "augment on" if cfg.get("augment", True) else "augment off"
+    return image_bundle(f"npz[{files}]", train, test, num_classes=num_classes,
+                        subset=cfg.get("subset", None), seed=seed, notes=augment)

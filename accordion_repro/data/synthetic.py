@@ -1,0 +1,127 @@
+"""Offline stand-ins for CIFAR and WikiText-2, deterministic from a seed. Not real data.
+
+They exist so the whole pipeline (and a learning curve that actually falls) can run where no
+dataset may be downloaded. Nothing measured on them says anything about the paper's numbers.
+
+Images: each class owns a random low-frequency colour template (a coarse random grid,
+bilinearly upsampled to 32x32); an image is its class template plus a random low-frequency
+nuisance field plus pixel noise. The nuisance makes classes overlap (a nearest-centroid
+classifier gets about 90% on 10 classes and 60% on 100 at the default noise), so accuracy
+climbs over epochs instead of saturating at once. Text: a random sparse Markov chain in which every token has only `branching`
+possible successors, so a language model can push perplexity far below the vocabulary size.
+
+The content depends on `data_seed` when given, else on the run seed, so a sweep over run seeds
+can either share one data set or vary it.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConfigError
+from .bundle import DataBundle
+from .images import CIFAR10_MEAN, CIFAR10_STD, ArrayImageDataset, image_bundle, \
+    transforms_from_config
+from .text import text_bundle
+
+
+def _positive_int(cfg, key: str, default: int, minimum: int = 1) -> int:
+    value = cfg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ConfigError(f"dataset.{key}", f"must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _non_negative(cfg, key: str, default: float) -> float:
+    value = float(cfg.get(key, default))
+    if value < 0:
+        raise ConfigError(f"dataset.{key}", f"must be >= 0, got {value}")
+    return value
+
+
+def _data_seed(cfg, seed: int) -> int:
+    data_seed = cfg.get("data_seed", None)
+    return int(seed if data_seed is None else data_seed)
+
+
+def synthetic_images(num_classes: int, train_size: int, test_size: int, *, seed: int,
+                     noise: float = 2.0, pixel_noise: float = 0.3, grid: int = 4,
+                     pixel_std: float = 50.0):
+    """uint8 (N, 32, 32, 3) train and test images with balanced, shuffled labels.
+
+    image = template[label] + noise * (a random low-frequency field) + pixel_noise * white
+    noise, in units of the template's standard deviation, then scaled to `pixel_std` grey
+    levels around 128. The low-frequency nuisance lives in the same subspace as the templates,
+    which is what makes the classes overlap (white noise alone averages away).
+    """
+    generator = torch.Generator().manual_seed(seed)
+
+    def coarse_fields(count: int) -> torch.Tensor:
+        coarse = torch.randn(count, 3, grid, grid, generator=generator)
+        return F.interpolate(coarse, size=(32, 32), mode="bilinear", align_corners=False)
+
+    templates = coarse_fields(num_classes)
+    field_std = templates.flatten(1).std(dim=1).mean()
+    templates = templates / templates.flatten(1).std(dim=1).view(-1, 1, 1, 1)
+    contrast = pixel_std / (1.0 + noise ** 2 + pixel_noise ** 2) ** 0.5
+
+    def draw(count: int):
+        labels = torch.arange(count) % num_classes
+        labels = labels[torch.randperm(count, generator=generator)]
+        signal = (templates[labels] + noise * coarse_fields(count) / field_std
+                  + pixel_noise * torch.randn(count, 3, 32, 32, generator=generator))
+        pixels = 128.0 + contrast * signal
+        images = pixels.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+        return images.contiguous().numpy(), labels.numpy()
+
+    return draw(train_size), draw(test_size)
+
+
+def build_images(cfg, seed: int) -> DataBundle:
+    num_classes = _positive_int(cfg, "num_classes", 10, minimum=2)
+    train_size = _positive_int(cfg, "train_size", 2048)
+    test_size = _positive_int(cfg, "test_size", 512)
+    noise = _non_negative(cfg, "noise", 2.0)
+    pixel_noise = _non_negative(cfg, "pixel_noise", 0.3)
+    (x_train, y_train), (x_test, y_test) = synthetic_images(
+        num_classes, train_size, test_size, seed=_data_seed(cfg, seed), noise=noise,
+        pixel_noise=pixel_noise)
+    train_tf, test_tf = transforms_from_config(cfg, CIFAR10_MEAN, CIFAR10_STD)
+    augment = "augment on" if cfg.get("augment", True) else "augment off"
+    return image_bundle(cfg["name"], ArrayImageDataset(x_train, y_train, train_tf),
+                        ArrayImageDataset(x_test, y_test, test_tf), num_classes=num_classes,
+                        subset=cfg.get("subset", None), seed=seed,
+                        notes=f"SYNTHETIC stand-in, not real data, {augment}")
+
+
+def markov_tokens(vocab_size: int, count: int, *, seed: int, branching: int = 4) -> torch.Tensor:
+    """A token stream from a random chain: each token has `branching` weighted successors."""
+    rng = np.random.default_rng(seed)
+    successors = rng.integers(0, vocab_size, size=(vocab_size, branching)).tolist()
+    weights = rng.dirichlet(np.ones(branching), size=vocab_size).cumsum(axis=1)
+    weights[:, -1] = 1.0
+    cumulative = weights.tolist()
+    draws = rng.random(count).tolist()
+    token = int(rng.integers(vocab_size))
+    stream = []
+    for u in draws:
+        row = cumulative[token]
+        token = successors[token][bisect.bisect_right(row, u) if u < row[-1] else -1]
+        stream.append(token)
+    return torch.tensor(stream, dtype=torch.long)
+
+
+def build_text(cfg, seed: int) -> DataBundle:
+    vocab_size = _positive_int(cfg, "vocab_size", 1000, minimum=2)
+    train_tokens = _positive_int(cfg, "train_tokens", 100_000, minimum=2)
+    eval_tokens = _positive_int(cfg, "eval_tokens", 20_000, minimum=2)
+    branching = _positive_int(cfg, "branching", 4)
+    stream = markov_tokens(vocab_size, train_tokens + eval_tokens, seed=_data_seed(cfg, seed),
+                           branching=branching)
+    return text_bundle(cfg["name"], stream[:train_tokens], stream[train_tokens:],
+                       vocab_size=vocab_size, subset=cfg.get("subset", None),
+                       notes=f"SYNTHETIC Markov chain, branching {branching}, not real text")
