@@ -1,0 +1,31 @@
+"""Gradient reducers: dense all-reduce, PowerSGD and Top-K with per-layer levels.
+
+`build_reducer(name, params, group=..., **options)` is what the engine calls, with the options
+of conf/compressor/<name>.yaml. comm/ knows no training loop and no schedule: it takes levels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .base import DenseReducer, Reducer
+from .config import level_kind, validate_compressor
+from .powersgd import PowerSGDReducer
+from .stats import CommStats
+from .topk import TopKReducer
+
+_REDUCERS = {"none": DenseReducer, "powersgd": PowerSGDReducer, "topk": TopKReducer}
+
+
+def build_reducer(name: str, params: Sequence[torch.Tensor], *, group=None, **options) -> Reducer:
+    """The reducer `name` over `params` (tensors or parameters; only their shapes are used)."""
+    validate_compressor(name, options)
+    return _REDUCERS[name](list(params), group=group, **options)
+
+
+__all__ = [
+    "CommStats", "Reducer", "DenseReducer", "PowerSGDReducer", "TopKReducer",
+    "build_reducer", "validate_compressor", "level_kind",
+]

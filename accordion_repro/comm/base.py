@@ -1,0 +1,182 @@
+"""What every reducer shares: the tensor layout, per-layer levels, error memory, the dense path.
+
+A reducer turns each worker's local gradients into the averaged (decompressed) gradients in
+place. Tensors with 2 or more dimensions are "layers" that may be compressed (viewed as
+(shape[0], rest), so a conv weight is (out_channels, in*kh*kw)); every other tensor, and every
+layer whose level would not compress, is averaged exactly through one flat all-reduce that is
+issued first so it overlaps with the compression work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from math import prod
+
+import torch
+
+from .collectives import Communicator
+from .stats import CommStats
+
+
+class Reducer:
+    name = "none"
+
+    def __init__(self, params: Sequence[torch.Tensor], *, group=None, default_level=None,
+                 error_feedback: bool = False):
+        params = list(params)
+        if not params:
+            raise ValueError("a reducer needs at least one tensor")
+        self.shapes = [tuple(p.shape) for p in params]
+        self.numels = [p.numel() for p in params]
+        self.dtype = params[0].dtype
+        self.device = params[0].device
+        self.compressible = [len(shape) >= 2 for shape in self.shapes]
+        self.tensor_of_layer = [i for i, c in enumerate(self.compressible) if c]
+        self.layer_of_tensor = [None] * len(params)
+        for layer, index in enumerate(self.tensor_of_layer):
+            self.layer_of_tensor[index] = layer
+        self.num_compressible = len(self.tensor_of_layer)
+        self.matrix_shapes = [(self.shapes[i][0], prod(self.shapes[i][1:]))
+                              for i in self.tensor_of_layer]
+        self.comm = Communicator(group)
+        self.default_level = default_level
+        self.levels = [default_level] * self.num_compressible
+        self.error_feedback = error_feedback
+        self.memory: list[torch.Tensor | None] = [None] * self.num_compressible
+        self._dense_buffer = torch.empty(0, dtype=self.dtype, device=self.device)
+
+    # ---- levels ---------------------------------------------------------------------------
+    def _check_level(self, level):
+        raise ValueError(f"compressor {self.name!r} takes no levels, got {level!r}")
+
+    def _sends_dense(self, layer: int, level) -> bool:
+        return True
+
+    def _compressed_floats(self, layer: int, level) -> int:
+        raise NotImplementedError
+
+    def _on_level_change(self, layer: int, old, new) -> None:
+        """Reallocate what belongs to `layer` only; its error memory is kept."""
+
+    def _normalized_levels(self, levels) -> list:
+        if levels is None or self.default_level is None and all(lv is None for lv in levels):
+            return [self.default_level] * self.num_compressible
+        levels = list(levels)
+        if len(levels) != self.num_compressible:
+            raise ValueError(f"expected {self.num_compressible} levels (one per tensor with 2 or "
+                             f"more dimensions), got {len(levels)}")
+        return [self.default_level if lv is None else self._check_level(lv) for lv in levels]
+
+    def set_levels(self, levels: Sequence | None) -> None:
+        """Apply per-layer levels from now on (None, or a None entry, = the default level)."""
+        for layer, new in enumerate(self._normalized_levels(levels)):
+            old = self.levels[layer]
+            if new != old:
+                self.levels[layer] = new
+                self._on_level_change(layer, old, new)
+
+    def _tensor_floats(self, index: int, levels: Sequence) -> int:
+        layer = self.layer_of_tensor[index]
+        if layer is None or self._sends_dense(layer, levels[layer]):
+            return self.numels[index]
+        return self._compressed_floats(layer, levels[layer])
+
+    def floats_per_step(self, levels: Sequence | None = None) -> int:
+        """Floats one worker sends per step at these levels, in the paper's convention."""
+        levels = self._normalized_levels(levels)
+        return sum(self._tensor_floats(i, levels) for i in range(len(self.shapes)))
+
+    # ---- reduction ------------------------------------------------------------------------
+    def reduce(self, grads: Sequence[torch.Tensor], levels: Sequence | None = None) -> CommStats:
+        """Average `grads` over workers in place (compressed where the level says so)."""
+        if len(grads) != len(self.shapes):
+            raise ValueError(f"expected {len(self.shapes)} gradients, got {len(grads)}")
+        return self.reduce_subset(range(len(grads)), grads, levels)
+
+    def reduce_subset(self, positions: Sequence[int], grads: Sequence[torch.Tensor],
+                      levels: Sequence | None = None) -> CommStats:
+        """Like reduce, for the tensors at `positions` only (a DDP bucket); grads[j] belongs to
+        positions[j]. Levels still cover every layer; per-layer state makes the split free."""
+        self.set_levels(levels)
+        positions = list(positions)
+        work = [g if g.is_contiguous() else g.contiguous() for g in grads]
+        stats = CommStats()
+        dense, compressed = [], []
+        for pos, grad in zip(positions, work):
+            if tuple(grad.shape) != self.shapes[pos]:
+                raise ValueError(f"gradient {pos} has shape {tuple(grad.shape)}, "
+                                 f"expected {self.shapes[pos]}")
+            layer = self.layer_of_tensor[pos]
+            if layer is None or self._sends_dense(layer, self.levels[layer]):
+                if layer is not None and self.memory[layer] is not None:
+                    grad.add_(self.memory[layer].view_as(grad))  # the memory is sent in full
+                    self.memory[layer].zero_()
+                dense.append(grad)
+            else:
+                compressed.append((layer, grad))
+        flat, handle = self._start_dense(dense, stats)
+        if compressed:
+            self._reduce_compressed(compressed, stats)
+        self._finish_dense(dense, flat, handle)
+        for grad, work_grad in zip(grads, work):
+            if work_grad is not grad:
+                grad.copy_(work_grad)
+        stats.floats_sent = sum(self._tensor_floats(pos, self.levels) for pos in positions)
+        return stats
+
+    def _reduce_compressed(self, items: list[tuple[int, torch.Tensor]], stats: CommStats):
+        raise NotImplementedError
+
+    def _start_dense(self, dense: list[torch.Tensor], stats: CommStats):
+        total = sum(g.numel() for g in dense)
+        if total == 0 or self.comm.world_size == 1:
+            return None, None
+        if self._dense_buffer.numel() < total:
+            self._dense_buffer = torch.empty(total, dtype=self.dtype, device=self.device)
+        flat = self._dense_buffer[:total]
+        torch.cat([g.view(-1) for g in dense], out=flat)
+        return flat, self.comm.all_reduce_sum(flat, stats, async_op=True)
+
+    def _finish_dense(self, dense: list[torch.Tensor], flat, handle) -> None:
+        if flat is None:
+            return
+        if handle is not None:
+            handle.wait()
+        flat.div_(self.comm.world_size)
+        offset = 0
+        for grad in dense:
+            grad.view(-1).copy_(flat[offset:offset + grad.numel()])
+            offset += grad.numel()
+
+    def _memory(self, layer: int) -> torch.Tensor:
+        """The error memory of `layer` as an (n, m) matrix, created at first use."""
+        if self.memory[layer] is None:
+            self.memory[layer] = torch.zeros(self.matrix_shapes[layer], dtype=self.dtype,
+                                             device=self.device)
+        return self.memory[layer]
+
+    # ---- state ----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "shapes": list(self.shapes),
+            "levels": list(self.levels),
+            "memory": [None if m is None else m.detach().clone() for m in self.memory],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["name"] != self.name or [tuple(s) for s in state["shapes"]] != self.shapes:
+            raise ValueError(f"state of a {state['name']!r} reducer over other tensors cannot be "
+                             f"loaded into this {self.name!r} reducer")
+        self.levels = list(state["levels"])
+        self.memory = [None if m is None else m.to(self.device, self.dtype).clone()
+                       for m in state["memory"]]
+
+
+class DenseReducer(Reducer):
+    """Plain averaging of every tensor in one flat all-reduce (`compressor=none`)."""
+
+    name = "none"
+
+    def __init__(self, params: Sequence[torch.Tensor], *, group=None):
+        super().__init__(params, group=group)

@@ -1,0 +1,47 @@
+"""The only place that talks to torch.distributed.
+
+Every collective goes through a Communicator so the reducers can count calls and bytes, and so
+a run without a process group behaves as one worker: the same compression code runs and the
+collectives become no-ops (a sum or gather over one worker is the identity).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .stats import CommStats
+
+
+# torch renamed all_gather_into_tensor to all_gather_single; use whichever this torch has.
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class Communicator:
+    def __init__(self, group=None):
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.group = group
+        if self.distributed:
+            self.world_size = dist.get_world_size(group)
+            self.rank = dist.get_rank(group)
+        else:
+            self.world_size = 1
+            self.rank = 0
+
+    def all_reduce_sum(self, buffer: torch.Tensor, stats: CommStats, *, async_op: bool = False):
+        """Sum `buffer` over workers in place; returns a work handle when async (or None)."""
+        if not self.distributed or buffer.numel() == 0:
+            return None
+        stats.collectives += 1
+        stats.bytes_sent += buffer.numel() * buffer.element_size()
+        return dist.all_reduce(buffer, group=self.group, async_op=async_op)
+
+    def all_gather(self, local: torch.Tensor, stats: CommStats) -> torch.Tensor:
+        """Stack every worker's `local` (same size on all) into one (world_size, n) tensor."""
+        if not self.distributed or local.numel() == 0:
+            return local.unsqueeze(0).expand(self.world_size, local.numel())
+        out = torch.empty(self.world_size * local.numel(), dtype=local.dtype, device=local.device)
+        stats.collectives += 1
+        stats.bytes_sent += local.numel() * local.element_size()
+        _all_gather_flat(out, local, group=self.group)
+        return out.view(self.world_size, local.numel())

@@ -1,0 +1,140 @@
+"""PowerSGD with per-layer ranks (Vogels et al. 2019, as the Accordion code runs it).
+
+One power step per iteration: P = M Q with the warm-started Q, all-reduce P (sum), orthonormalise
+P, Q = M^T P, all-reduce Q and divide by the workers, output P Q^T. All P's travel in one buffer
+and all Q's in another, so a step issues at most 3 collectives (with the flat dense buffer)
+whatever the number of layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .base import Reducer
+from .config import check_rank
+from .orthogonalize import orthonormalize_
+from .stats import CommStats
+
+
+class _PackedLayout:
+    """Where each layer's P and Q live in the two packed buffers of one set of (layer, rank).
+
+    Layers sharing (n, rank) sit next to each other so P can be orthonormalised as one batch.
+    """
+
+    def __init__(self, items: tuple[tuple[int, int], ...], matrix_shapes, dtype, device):
+        groups: dict[tuple[int, int], list[int]] = {}
+        for layer, rank in items:
+            groups.setdefault((matrix_shapes[layer][0], rank), []).append(layer)
+        p_size = sum(matrix_shapes[l][0] * r for l, r in items)
+        q_size = sum(matrix_shapes[l][1] * r for l, r in items)
+        self.p_buffer = torch.empty(p_size, dtype=dtype, device=device)
+        self.q_buffer = torch.empty(q_size, dtype=dtype, device=device)
+        self.p_groups: list[torch.Tensor] = []
+        self.p_of: dict[int, torch.Tensor] = {}
+        self.q_of: dict[int, torch.Tensor] = {}
+        p_off = q_off = 0
+        for (n, rank), layers in groups.items():
+            group = self.p_buffer[p_off:p_off + len(layers) * n * rank].view(len(layers), n, rank)
+            self.p_groups.append(group)
+            p_off += group.numel()
+            for j, layer in enumerate(layers):
+                m = matrix_shapes[layer][1]
+                self.p_of[layer] = group[j]
+                self.q_of[layer] = self.q_buffer[q_off:q_off + m * rank].view(m, rank)
+                q_off += m * rank
+
+
+def _draw_seed(seed: int, layer: int, draw: int) -> int:
+    """A distinct, rank-independent seed per (reducer seed, layer, how many draws so far)."""
+    return (seed * 1_000_003 + layer * 999_983 + draw * 7_919 + draw * layer) % (2**63 - 1)
+
+
+class PowerSGDReducer(Reducer):
+    name = "powersgd"
+
+    def __init__(self, params: Sequence[torch.Tensor], *, rank: int, error_feedback: bool = True,
+                 warm_start: bool = True, seed: int = 0, group=None):
+        super().__init__(params, group=group, default_level=check_rank(rank),
+                         error_feedback=error_feedback)
+        self.warm_start = warm_start
+        self.seed = seed
+        # Q of each layer, drawn lazily; each draw re-seeds from (seed, layer, draws[layer]) so
+        # every worker draws the same Q without communication, in whatever order layers come.
+        self.q: list[torch.Tensor | None] = [None] * self.num_compressible
+        self.draws = [0] * self.num_compressible
+        self._layouts: dict[tuple, _PackedLayout] = {}
+
+    def _check_level(self, level) -> int:
+        return check_rank(level)
+
+    def _sends_dense(self, layer: int, level: int) -> bool:
+        return level >= min(self.matrix_shapes[layer])
+
+    def _compressed_floats(self, layer: int, level: int) -> int:
+        n, m = self.matrix_shapes[layer]
+        return (n + m) * level
+
+    def _on_level_change(self, layer: int, old, new) -> None:
+        self.q[layer] = None  # as the official code: a fresh random Q, the memory is kept
+
+    def _fresh_q(self, layer: int, rank: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(_draw_seed(self.seed, layer, self.draws[layer]))
+        self.draws[layer] += 1
+        m = self.matrix_shapes[layer][1]
+        return torch.randn(m, rank, generator=generator, dtype=self.dtype).to(self.device)
+
+    def _layout(self, items: tuple[tuple[int, int], ...]) -> _PackedLayout:
+        if items not in self._layouts:
+            if len(self._layouts) > 64:  # level patterns come and go; keep the cache small
+                self._layouts.clear()
+            self._layouts[items] = _PackedLayout(items, self.matrix_shapes, self.dtype,
+                                                 self.device)
+        return self._layouts[items]
+
+    def _reduce_compressed(self, items: list[tuple[int, torch.Tensor]], stats: CommStats):
+        layout = self._layout(tuple((layer, self.levels[layer]) for layer, _ in items))
+        matrices = []
+        for layer, grad in items:
+            grad_matrix = grad.view(self.matrix_shapes[layer])
+            if self.error_feedback:
+                matrix = self._memory(layer).add_(grad_matrix)  # memory now holds M = g + e
+            else:
+                matrix = grad_matrix
+            if self.q[layer] is None or not self.warm_start:
+                self.q[layer] = self._fresh_q(layer, self.levels[layer])
+            torch.mm(matrix, self.q[layer], out=layout.p_of[layer])
+            matrices.append((layer, grad_matrix, matrix))
+
+        self.comm.all_reduce_sum(layout.p_buffer, stats)
+        for group in layout.p_groups:
+            orthonormalize_(group)
+        for layer, _, matrix in matrices:
+            torch.mm(matrix.t(), layout.p_of[layer], out=layout.q_of[layer])
+        self.comm.all_reduce_sum(layout.q_buffer, stats)
+        if self.comm.world_size > 1:
+            layout.q_buffer.div_(self.comm.world_size)
+
+        for layer, grad_matrix, matrix in matrices:
+            p, q = layout.p_of[layer], layout.q_of[layer]
+            torch.mm(p, q.t(), out=grad_matrix)
+            if self.error_feedback:
+                matrix.sub_(grad_matrix)  # memory = M - what the average gave back
+            self.q[layer] = q  # warm start: the averaged Q seeds the next step
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state.update(
+            q=[None if q is None else q.detach().clone() for q in self.q],
+            draws=list(self.draws),
+            seed=self.seed,
+        )
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.q = [None if q is None else q.to(self.device, self.dtype).clone() for q in state["q"]]
+        self.draws = list(state["draws"])
+        self.seed = state["seed"]

@@ -1,0 +1,27 @@
+"""Per-step communication accounting shared by every reducer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class CommStats:
+    """What one worker communicated in one step.
+
+    `floats_sent` follows the paper's convention (facts section 8) so totals are comparable
+    with the released logs; `bytes_sent` is what really went into collectives here (0 when the
+    run has no process group), so the two can legitimately differ (Top-K indices are int32,
+    the all-gather output is not counted, a single worker sends nothing).
+    """
+
+    floats_sent: int = 0
+    bytes_sent: int = 0
+    collectives: int = 0
+
+    def __add__(self, other: "CommStats") -> "CommStats":
+        return CommStats(
+            self.floats_sent + other.floats_sent,
+            self.bytes_sent + other.bytes_sent,
+            self.collectives + other.collectives,
+        )
