@@ -78,6 +78,13 @@ class ShapingReport:
     def effective_latency_s(self) -> float:
         return self.link.latency_s if self.latency_applied else 0.0
 
+    @property
+    def label(self) -> str:
+        """The link as shaped, so a table never claims a delay the kernel refused."""
+        if self.latency_applied or self.link.latency_s == 0:
+            return self.link.label
+        return f"{LinkSpec(self.link.bandwidth_bps, 0.0).label} (no netem)"
+
 
 def tbf_burst_bytes(bandwidth_bps: float) -> int:
     """Bucket of ~2 ms of traffic (at least 32 KiB) so the token timer never caps the rate."""
