@@ -1,0 +1,82 @@
+"""Build every table and figure from a folder of run directories (what `make figures` runs)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pandas as pd
+
+from accordion_repro.analysis.collect import SkippedRunWarning, collect_runs
+from accordion_repro.analysis.costmodel import resolve_network
+from accordion_repro.analysis.layout import FIGURES, TABLES, run_command
+from accordion_repro.analysis.summarize import summarize_runs
+from accordion_repro.analysis.tables import write_table
+from accordion_repro.errors import ConfigError
+
+
+class MissingFigureWarning(UserWarning):
+    """A figure had no runs; the message says which presets to run."""
+
+
+def _figure_builders():
+    # Imported here so that the tables (and the layout) never pay for matplotlib.
+    from accordion_repro.analysis import figures
+    return figures, {"fig2": figures.figure2, "fig9": figures.figure9, "fig10": figures.figure10}
+
+
+def _column_equals(frame: pd.DataFrame, column: str, value: str) -> pd.Series:
+    if column not in frame:
+        return pd.Series(False, index=frame.index)
+    return frame[column] == value
+
+
+def build_all(runs_dir: str | Path = "results/runs", out_dir: str | Path = "results",
+              net: str = "10gbit", workers: int | None = None,
+              figures: bool = True) -> dict[str, list[Path]]:
+    """Write results/tables/table{1..6}.{md,tex,csv}, results/figures/fig{2,9,10}.{png,pdf}
+    and <table>_tradeoff.{png,pdf}; returns {output name: written paths}. Missing runs never
+    fail the build: tables list the presets to run, figures without runs are skipped with a
+    MissingFigureWarning. figures=False writes the tables only (fast)."""
+    resolve_network(net)
+    if workers is not None and (int(workers) != workers or workers < 1):
+        raise ConfigError("workers", f"must be a positive integer, got {workers!r}")
+    out_dir = Path(out_dir)
+    collection = collect_runs(runs_dir)
+    frame = collection.frame
+    runs = summarize_runs(frame, net=net, workers=workers)
+    written: dict[str, list[Path]] = {}
+    for table_id, spec in TABLES.items():
+        written[table_id] = write_table(spec, runs, out_dir / "tables", net)
+    if figures:
+        written.update(_write_figures(frame, runs, out_dir / "figures"))
+    return written
+
+
+def _write_figures(frame: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> dict[str, list[Path]]:
+    written: dict[str, list[Path]] = {}
+    figures, builders = _figure_builders()
+    for figure_id, builder in builders.items():
+        figure_frame = frame[_column_equals(frame, "run.figure", figure_id)]
+        present = set(figure_frame["run.method"]) if not figure_frame.empty else set()
+        missing = [cell for cell in FIGURES[figure_id].cells if cell.method not in present]
+        if missing:
+            scale = "paper" if figure_frame.empty else str(figure_frame["scale.name"].iloc[0])
+            commands = "; ".join(run_command(cell.preset, scale) for cell in missing)
+            state = "no runs" if figure_frame.empty else "curves missing"
+            warnings.warn(f"{figure_id}: {state}; run {commands}", MissingFigureWarning,
+                          stacklevel=2)
+        if figure_frame.empty:
+            continue
+        written[figure_id] = figures.write_figure(builder(figure_frame), out_dir, figure_id)
+    for table_id, spec in TABLES.items():
+        table_runs = runs[runs["run.table"] == table_id]
+        if table_runs.empty:
+            continue
+        table_frame = frame[frame["run_dir"].isin(table_runs["run_dir"])]
+        written[f"{table_id}_tradeoff"] = figures.write_figure(
+            figures.tradeoff_figure(spec, table_runs, table_frame), out_dir, f"{table_id}_tradeoff")
+    return written
+
+
+__all__ = ["build_all", "MissingFigureWarning", "SkippedRunWarning"]

@@ -1,0 +1,167 @@
+"""Read run directories into one tidy DataFrame: one row per run and epoch.
+
+Tables and figures are pure functions of this frame, so everything the analysis knows about a
+run comes from its directory (resolved.yaml, metrics.jsonl, summary.json), never from wandb.
+A run that cannot be read whole is skipped with a warning naming it, so one crashed job does not
+stop the tables of the runs that finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+import yaml
+
+RUN_FILES = ("resolved.yaml", "metrics.jsonl", "summary.json")
+REQUIRED_METRICS = ("epoch", "steps", "floats_sent", "bytes_sent", "collectives",
+                    "epoch_time_s", "compute_time_s")
+FINAL_METRICS = ("test_acc", "val_ppl")
+RUN_DIR = "run_dir"
+
+
+class SkippedRunWarning(UserWarning):
+    """A run directory was left out of the tables (broken or unfinished)."""
+
+
+class RunDirectoryError(ValueError):
+    """A run directory cannot be read; the message says which file and why."""
+
+
+class UnfinishedRunError(RunDirectoryError):
+    """The run is still going (summary.status 'running'): not broken, just not ready."""
+
+
+@dataclass
+class Collection:
+    frame: pd.DataFrame                      # one row per (run, epoch)
+    broken: list[tuple[str, str]] = field(default_factory=list)      # (run dir, reason)
+    unfinished: list[tuple[str, str]] = field(default_factory=list)  # (run dir, reason)
+
+
+def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"model": {"name": "resnet18"}} -> {"model.name": "resnet18"}; lists stay values."""
+    flat: dict[str, Any] = {}
+    for key, value in mapping.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, prefix=f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def find_run_dirs(runs_dir: str | os.PathLike) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """Run directories under runs_dir (any depth), and folders that hold some but not all of
+    the run files (reported as broken). A run directory's own subfolders are not searched."""
+    complete: list[Path] = []
+    incomplete: list[tuple[Path, str]] = []
+    for folder, subfolders, files in os.walk(runs_dir):
+        subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
+        present = [name for name in RUN_FILES if name in files]
+        if not present:
+            continue
+        subfolders[:] = []
+        missing = [name for name in RUN_FILES if name not in files]
+        if missing:
+            incomplete.append((Path(folder), "missing " + ", ".join(missing)))
+        else:
+            complete.append(Path(folder))
+    return sorted(complete), sorted(incomplete)
+
+
+def _read_json_object(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise RunDirectoryError(f"{path.name} is not valid JSON ({error})") from None
+    if not isinstance(value, dict):
+        raise RunDirectoryError(f"{path.name} does not hold a JSON object")
+    return value
+
+
+def read_config(run_dir: Path) -> dict:
+    try:
+        config = yaml.safe_load((run_dir / "resolved.yaml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        raise RunDirectoryError(f"resolved.yaml cannot be parsed ({error})") from None
+    if not isinstance(config, dict):
+        raise RunDirectoryError("resolved.yaml does not hold a mapping")
+    return config
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    records = []
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise RunDirectoryError(f"metrics.jsonl cannot be read ({error})") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise RunDirectoryError(f"metrics.jsonl line {number} is not JSON ({error})") from None
+        if not isinstance(record, dict):
+            raise RunDirectoryError(f"metrics.jsonl line {number} is not a JSON object")
+        missing = [key for key in REQUIRED_METRICS if key not in record]
+        if not any(key in record for key in FINAL_METRICS):
+            missing.append(" or ".join(FINAL_METRICS))
+        if missing:
+            raise RunDirectoryError(f"metrics.jsonl line {number} lacks {', '.join(missing)}")
+        records.append(record)
+    if not records:
+        raise RunDirectoryError("metrics.jsonl holds no epoch")
+    return sorted(records, key=lambda record: record["epoch"])
+
+
+def load_run(run_dir: Path, name: str) -> list[dict]:
+    """Rows of one completed run: flattened config + summary.* + the epoch's metrics."""
+    summary = _read_json_object(run_dir / "summary.json")
+    status = summary.get("status")
+    if status == "running":
+        raise UnfinishedRunError("summary.status is 'running'")
+    if status != "completed":
+        raise RunDirectoryError(f"summary.status is {status!r}, not 'completed'")
+    config = flatten(read_config(run_dir))
+    summary_columns = {f"summary.{key}": value for key, value in flatten(summary).items()}
+    rows = []
+    for record in read_metrics(run_dir):
+        row = {RUN_DIR: name, **config, **summary_columns}
+        row.update(record)
+        rows.append(row)
+    return rows
+
+
+def collect_runs(runs_dir: str | os.PathLike) -> Collection:
+    """Every completed run under runs_dir as one frame; warns once per skipped directory."""
+    runs_dir = Path(runs_dir)
+    collection = Collection(frame=pd.DataFrame())
+    if not runs_dir.is_dir():
+        warnings.warn(f"no runs directory at {runs_dir}; tables will list every preset as missing",
+                      SkippedRunWarning, stacklevel=2)
+        return collection
+    complete, incomplete = find_run_dirs(runs_dir)
+    collection.broken.extend((str(path), reason) for path, reason in incomplete)
+    rows: list[dict] = []
+    for run_dir in complete:
+        name = run_dir.relative_to(runs_dir).as_posix()
+        try:
+            rows.extend(load_run(run_dir, name))
+        except UnfinishedRunError as error:
+            collection.unfinished.append((str(run_dir), str(error)))
+        except RunDirectoryError as error:
+            collection.broken.append((str(run_dir), str(error)))
+    for path, reason in collection.broken:
+        warnings.warn(f"skipping broken run {path}: {reason}", SkippedRunWarning, stacklevel=2)
+    for path, reason in collection.unfinished:
+        warnings.warn(f"skipping unfinished run {path}: {reason}",
+                      SkippedRunWarning, stacklevel=2)
+    collection.frame = pd.DataFrame(rows)
+    return collection

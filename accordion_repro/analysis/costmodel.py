@@ -1,0 +1,102 @@
+"""Predict training time on a network we did not measure on.
+
+The paper's speedups depend on the cluster's bandwidth, which the released material does not
+state. A run measures its compute time per step and logs exactly what it handed to its
+collectives, so a latency-bandwidth (alpha-beta) model turns those into an epoch time on any
+named network and worker count. Formulas and assumptions are in docs/analysis.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from accordion_repro.errors import ConfigError
+
+ALLREDUCE = "allreduce"
+ALLGATHER = "allgather"
+OPS = (ALLREDUCE, ALLGATHER)
+
+
+@dataclass(frozen=True)
+class Network:
+    """A link: bandwidth in bits per second (so 10 Gbit/s is 10e9) and per-message latency."""
+
+    bandwidth_bps: float
+    latency_s: float
+
+    def __post_init__(self):
+        if not self.bandwidth_bps > 0:
+            raise ValueError(f"bandwidth_bps must be positive, got {self.bandwidth_bps}")
+        if self.latency_s < 0:
+            raise ValueError(f"latency_s must be >= 0, got {self.latency_s}")
+
+    def seconds_for_bytes(self, nbytes: float) -> float:
+        return 8.0 * nbytes / self.bandwidth_bps
+
+
+# Latencies: typical one-way MPI/NCCL small-message latency of TCP Ethernet (1 and 10 Gbit/s)
+# and of RDMA-class 25/100 Gbit/s fabrics.
+NETWORKS: dict[str, Network] = {
+    "1gbit": Network(bandwidth_bps=1e9, latency_s=50e-6),
+    "10gbit": Network(bandwidth_bps=10e9, latency_s=50e-6),
+    "25gbit": Network(bandwidth_bps=25e9, latency_s=10e-6),
+    "100gbit": Network(bandwidth_bps=100e9, latency_s=10e-6),
+}
+
+
+def resolve_network(net: str | Network) -> Network:
+    if isinstance(net, Network):
+        return net
+    if net not in NETWORKS:
+        raise ConfigError("net", f"unknown network {net!r}; choose one of {sorted(NETWORKS)}")
+    return NETWORKS[net]
+
+
+def allreduce_time(nbytes: float, workers: int, net: str | Network, collectives: float = 1.0) -> float:
+    """Ring all-reduce of `nbytes` in total, split over `collectives` calls, on `workers` ranks:
+    collectives * 2(p-1) * latency + 2 (p-1)/p * nbytes / bandwidth."""
+    network = resolve_network(net)
+    p = _check_workers(workers)
+    return collectives * 2 * (p - 1) * network.latency_s \
+        + 2 * (p - 1) / p * network.seconds_for_bytes(nbytes)
+
+
+def allgather_time(nbytes_per_worker: float, workers: int, net: str | Network,
+                   collectives: float = 1.0) -> float:
+    """Ring all-gather where every rank contributes `nbytes_per_worker` (the result holds
+    p * nbytes_per_worker): collectives * (p-1) * latency + (p-1)/p * p * n / bandwidth."""
+    network = resolve_network(net)
+    p = _check_workers(workers)
+    return collectives * (p - 1) * network.latency_s \
+        + (p - 1) / p * network.seconds_for_bytes(p * nbytes_per_worker)
+
+
+def comm_time_per_step(bytes_per_step: float, collectives_per_step: float, op: str,
+                       net: str | Network, workers: int) -> float:
+    if op == ALLREDUCE:
+        return allreduce_time(bytes_per_step, workers, net, collectives_per_step)
+    if op == ALLGATHER:
+        return allgather_time(bytes_per_step, workers, net, collectives_per_step)
+    raise ValueError(f"op must be one of {OPS}, got {op!r}")
+
+
+def predict_epoch_time(compute_s_per_step: float, steps: int, bytes_per_step: float,
+                       collectives_per_step: float, op: str, net: str | Network,
+                       workers: int) -> float:
+    """Epoch time with communication not overlapped with compute (the reducers run after
+    backward, as in the official code): steps * (compute + communication per step)."""
+    return steps * (compute_s_per_step
+                    + comm_time_per_step(bytes_per_step, collectives_per_step, op, net, workers))
+
+
+def collective_op(compressor_name: str | None) -> str:
+    """How a run's logged bytes travel. Runs log only totals, so Top-K runs count every byte as
+    all-gathered (their dense 1-D tensors are in fact all-reduced: a small overestimate), and
+    every other compressor (none, powersgd) as all-reduced."""
+    return ALLGATHER if compressor_name == "topk" else ALLREDUCE
+
+
+def _check_workers(workers: int) -> int:
+    if int(workers) != workers or workers < 1:
+        raise ConfigError("workers", f"must be a positive integer, got {workers!r}")
+    return int(workers)

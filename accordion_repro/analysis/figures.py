@@ -1,0 +1,270 @@
+"""Figures 2, 9, 10 and one accuracy-versus-communication plot per table.
+
+Figures are drawn on bare matplotlib Figure objects with the Agg canvas (no pyplot state, no
+display) and saved without creation dates, so a rebuild from the same runs gives the same bytes.
+Curves average the seeds of a method epoch by epoch; runs of different scales are never averaged
+together (each scale gets its own curve, and the title says the scales are mixed).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.ticker  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+from accordion_repro.analysis.atomic import save_figure_atomic  # noqa: E402
+from accordion_repro.analysis.layout import (FIGURES, METRIC_TITLES, FigureSpec,  # noqa: E402
+                                             TableSpec)
+
+STYLE = {"font.size": 9, "axes.titlesize": 9, "axes.labelsize": 9, "legend.fontsize": 8,
+         "xtick.labelsize": 8, "ytick.labelsize": 8, "pdf.fonttype": 42, "svg.hashsalt": "accordion"}
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf")
+MARKERS = {"dense": "s", "static_low": "o", "static_high": "v", "accordion": "*"}
+TRACE_PREFERENCE = ("accordion", "static_low", "static_high", "high_inside", "high_outside")
+
+
+def _sorted_unique(values: pd.Series) -> list[str]:
+    return sorted(values.dropna().astype(str).unique())
+
+
+def provenance(frame: pd.DataFrame) -> str:
+    """'scale cpu; runs on synthetic_cifar10': what every figure title must say."""
+    scales = _sorted_unique(frame["scale.name"]) if "scale.name" in frame else []
+    datasets = _sorted_unique(frame["dataset.name"]) if "dataset.name" in frame else []
+    scale_text = (f"scale {scales[0]}" if len(scales) == 1
+                  else f"MIXED scales {', '.join(scales)}" if scales else "scale unknown")
+    return f"{scale_text}; runs on {', '.join(datasets) or 'unknown data'}"
+
+
+def _wrapped(text: str, figure: Figure) -> str:
+    """Titles wrapped to the figure's width (about 11 characters per inch at 9 pt), so
+    nothing is cut off at paper size."""
+    width = max(20, int(figure.get_figwidth() * 11))
+    return "\n".join(textwrap.fill(line, width) for line in text.split("\n"))
+
+
+def _new_figure(width: float, height: float) -> Figure:
+    with matplotlib.rc_context(STYLE):
+        return Figure(figsize=(width, height), layout="constrained")
+
+
+def _save(figure: Figure, out_dir: Path, stem: str) -> list[Path]:
+    with matplotlib.rc_context(STYLE):
+        return [save_figure_atomic(figure, out_dir / f"{stem}.{suffix}") for suffix in ("png", "pdf")]
+
+
+def _curve_groups(runs: pd.DataFrame, spec: FigureSpec):
+    """(label, method, scale, per-epoch frame) in the layout's curve order."""
+    scales = _sorted_unique(runs["scale.name"])
+    labels = {cell.method: cell.label for cell in spec.cells}
+    order = [cell.method for cell in spec.cells]
+    order += sorted(set(runs["run.method"].dropna().astype(str)) - set(order))
+    for method in order:
+        for scale in scales:
+            group = runs[(runs["run.method"] == method) & (runs["scale.name"] == scale)]
+            if group.empty:
+                continue
+            label = labels.get(method, method) + (f" [{scale}]" if len(scales) > 1 else "")
+            yield label, method, scale, group
+
+
+def _plot_accuracy_curves(axes, runs: pd.DataFrame, spec: FigureSpec, metric: str = "test_acc"):
+    colors = {}
+    for index, (label, method, scale, group) in enumerate(_curve_groups(runs, spec)):
+        by_epoch = group.groupby("epoch", sort=True)[metric]
+        mean, low, high = by_epoch.mean(), by_epoch.min(), by_epoch.max()
+        seeds = group["run_dir"].nunique()
+        color = COLORS[index % len(COLORS)]
+        colors[(method, scale)] = color
+        axes.plot(mean.index, mean.values, color=color, linewidth=1.4,
+                  label=f"{label} (n={seeds})")
+        if seeds > 1:
+            axes.fill_between(mean.index, low.values, high.values, color=color, alpha=0.15,
+                              linewidth=0)
+    axes.set_xlabel("Epoch")
+    axes.set_ylabel(METRIC_TITLES[metric])
+    axes.grid(True, alpha=0.3)
+    return colors
+
+
+def _critical_spans(epochs: np.ndarray, critical: np.ndarray) -> list[tuple[float, float]]:
+    spans, start = [], None
+    for epoch, flag in zip(epochs, critical):
+        if flag and start is None:
+            start = epoch
+        if not flag and start is not None:
+            spans.append((start - 0.5, previous + 0.5))
+            start = None
+        previous = epoch
+    if start is not None:
+        spans.append((start - 0.5, previous + 0.5))
+    return spans
+
+
+def _detector_norms(run: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    epochs, norms = [], []
+    for epoch, detector in zip(run["epoch"], run["detector"]):
+        if isinstance(detector, dict) and detector.get("norms"):
+            epochs.append(epoch)
+            norms.append(detector["norms"])
+    width = max((len(row) for row in norms), default=0)
+    table = np.full((len(norms), width), np.nan)
+    for index, row in enumerate(norms):
+        table[index, :len(row)] = [np.nan if value is None else value for value in row]
+    return np.asarray(epochs), table
+
+
+def _trace_run(runs: pd.DataFrame) -> pd.DataFrame | None:
+    if "detector" not in runs:
+        return None
+    rank = {method: index for index, method in enumerate(TRACE_PREFERENCE)}
+    candidates = []
+    for run_dir, run in runs.groupby("run_dir", sort=True):
+        if any(isinstance(d, dict) and d.get("norms") for d in run["detector"]):
+            candidates.append((rank.get(str(run["run.method"].iloc[0]), len(rank)), run_dir, run))
+    if not candidates:
+        return None
+    return min(candidates, key=lambda item: item[:2])[2].sort_values("epoch", kind="stable")
+
+
+def _plot_norm_trace(axes, figure: Figure, run: pd.DataFrame | None) -> None:
+    if run is None:
+        axes.text(0.5, 0.5, "no run with detector norms logged", ha="center", va="center",
+                  transform=axes.transAxes)
+        axes.set_axis_off()
+        return
+    epochs, norms = _detector_norms(run)
+    colormap = matplotlib.colormaps["viridis"]
+    layers = norms.shape[1]
+    for layer in range(layers):
+        axes.plot(epochs, norms[:, layer], color=colormap(layer / max(layers - 1, 1)),
+                  linewidth=0.8, marker="." if len(epochs) < 30 else None)
+    positive = norms[np.isfinite(norms) & (norms > 0)]
+    if positive.size:
+        axes.set_yscale("log")
+    if "critical_layers" in run:
+        critical = run["critical_layers"].fillna(0).to_numpy() > 0
+        for start, end in _critical_spans(run["epoch"].to_numpy(), critical):
+            axes.axvspan(start, end, color="#ff7f0e", alpha=0.15, linewidth=0)
+    scalar = matplotlib.cm.ScalarMappable(cmap=colormap,
+                                          norm=matplotlib.colors.Normalize(0, max(layers - 1, 1)))
+    colorbar = figure.colorbar(scalar, ax=axes, label="Layer index (input to output)", pad=0.01)
+    colorbar.ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    axes.legend(handles=[Patch(color="#ff7f0e", alpha=0.3, label="detected critical regime"),
+                         Line2D([], [], color="grey", label="one line per layer")], loc="best")
+    axes.set_xlabel("Epoch")
+    axes.set_ylabel("Norm of the epoch's summed gradient (L2)")
+    axes.set_title(f"(a) per-layer gradient norm and detected critical regimes\n"
+                   f"run {run['run_dir'].iloc[0]}")
+    axes.grid(True, alpha=0.3)
+
+
+def figure2(runs: pd.DataFrame, spec: FigureSpec = FIGURES["fig2"]) -> Figure:
+    figure = _new_figure(11.0, 4.6)
+    trace_axes, accuracy_axes = figure.subplots(1, 2)
+    _plot_norm_trace(trace_axes, figure, _trace_run(runs))
+    _plot_accuracy_curves(accuracy_axes, runs, spec)
+    accuracy_axes.legend(loc="lower right")
+    accuracy_axes.set_title("(b) test accuracy with high compression only inside\n"
+                            "or only outside the critical regimes")
+    figure.suptitle(_wrapped(f"{spec.title}\n{provenance(runs)}", figure))
+    return figure
+
+
+def figure9(runs: pd.DataFrame, spec: FigureSpec = FIGURES["fig9"]) -> Figure:
+    figure = _new_figure(6.4, 4.2)
+    axes = figure.subplots()
+    _plot_accuracy_curves(axes, runs, spec)
+    axes.legend(loc="lower right")
+    figure.suptitle(_wrapped(f"{spec.title}\n{provenance(runs)}", figure))
+    return figure
+
+
+def figure10(runs: pd.DataFrame, spec: FigureSpec = FIGURES["fig10"]) -> Figure:
+    figure = _new_figure(6.8, 4.2)
+    axes = figure.subplots()
+    colors = _plot_accuracy_curves(axes, runs, spec)
+    batch_axes = axes.twinx()
+    for (method, scale), color in colors.items():
+        group = runs[(runs["run.method"] == method) & (runs["scale.name"] == scale)]
+        batch = group.groupby("epoch", sort=True)["global_batch"].median()
+        batch_axes.step(batch.index, batch.values, where="post", color=color, linestyle="--",
+                        linewidth=1.0, alpha=0.8)
+    batch_axes.set_yscale("log", base=2)
+    batch_axes.set_ylabel("Global batch size (samples, dashed)")
+    handles, labels = axes.get_legend_handles_labels()
+    handles.append(Line2D([], [], color="grey", linestyle="--"))
+    labels.append("global batch size (right axis)")
+    axes.legend(handles, labels, loc="lower right")
+    axes.set_ylabel("Test accuracy (%, solid)")
+    figure.suptitle(_wrapped(f"{spec.title}\n{provenance(runs)}", figure))
+    return figure
+
+
+def _method_labels(cells) -> list[tuple[str, str]]:
+    """One legend entry per method; the models' levels are joined when they differ
+    (e.g. 'Rank 2 / Rank 4')."""
+    labels: dict[str, list[str]] = {}
+    for cell in cells:
+        labels.setdefault(cell.method, [])
+        if cell.label not in labels[cell.method]:
+            labels[cell.method].append(cell.label)
+    return [(method, " / ".join(names)) for method, names in labels.items()]
+
+
+def tradeoff_figure(spec: TableSpec, runs: pd.DataFrame, frame: pd.DataFrame) -> Figure:
+    """Final metric against floats communicated, one panel per section of the table.
+    runs: summarize_runs() rows of this table; frame: their run-epoch rows (for provenance)."""
+    sections = [section for section in spec.sections
+                if runs["model.name"].isin({cell.model for cell in section.cells}).any()]
+    figure = _new_figure(7.4 * len(sections), 4.2)
+    all_axes = np.atleast_1d(figure.subplots(1, len(sections)))
+    models = list(dict.fromkeys(cell.model for cell in spec.cells))
+    for axes, section in zip(all_axes, sections):
+        for cell in section.cells:
+            cell_runs = runs[(runs["model.name"] == cell.model) & (runs["run.method"] == cell.method)]
+            if cell_runs.empty:
+                continue
+            color = COLORS[models.index(cell.model) % len(COLORS)]
+            marker = MARKERS.get(cell.method, "o")
+            x = cell_runs["total_floats"].to_numpy() / 1e6
+            y = cell_runs["final"].to_numpy()
+            axes.scatter(x, y, color=color, marker=marker, alpha=0.35, s=18, linewidths=0)
+            axes.errorbar(x.mean(), y.mean(), yerr=y.std(ddof=1) if len(y) > 1 else None,
+                          color=color, marker=marker, markersize=8, capsize=3,
+                          markeredgecolor="black", markeredgewidth=0.5)
+        axes.set_xscale("log")
+        axes.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        axes.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        axes.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        axes.set_xlabel("Floats communicated per worker (millions, log scale)")
+        axes.set_ylabel(METRIC_TITLES[section.metric])
+        axes.set_title(section.title)
+        axes.grid(True, alpha=0.3, which="both")
+        present_models = [m for m in models if m in set(cell.model for cell in section.cells)
+                          and (runs["model.name"] == m).any()]
+        handles = [Line2D([], [], color=COLORS[models.index(m) % len(COLORS)], marker="o",
+                          linestyle="", label=m) for m in present_models]
+        handles += [Line2D([], [], color="grey", marker=MARKERS.get(method, "o"), linestyle="",
+                           label=label) for method, label in _method_labels(section.cells)]
+        axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    figure.suptitle(_wrapped(f"{spec.title}: final metric vs floats communicated\n"
+                             f"{provenance(frame)}\n"
+                             f"large markers: mean ± std over seeds; faint dots: single seeds",
+                             figure))
+    return figure
+
+
+def write_figure(figure: Figure, out_dir: str | Path, stem: str) -> list[Path]:
+    return _save(figure, Path(out_dir), stem)
