@@ -124,6 +124,7 @@ def test_broken_and_unfinished_runs_are_skipped_with_warnings(tmp_path):
         handle.write('{"epoch": 3, "test_acc": \n')
     write_run(tmp_path, "failed", status="failed")
     write_run(tmp_path, "running", status="running")
+    write_run(tmp_path, "stopped", status="stopped")
     with pytest.warns(SkippedRunWarning) as caught:
         collection = collect_runs(tmp_path)
     messages = "\n".join(str(warning.message) for warning in caught)
@@ -131,7 +132,7 @@ def test_broken_and_unfinished_runs_are_skipped_with_warnings(tmp_path):
         assert name in messages
     assert "missing summary.json" in messages and "line 4" in messages
     assert list(collection.frame["run_dir"].unique()) == ["good"]
-    assert [Path(path).name for path, _ in collection.unfinished] == ["running"]
+    assert [Path(path).name for path, _ in collection.unfinished] == ["running", "stopped"]
     assert sorted(Path(path).name for path, _ in collection.broken) == [
         "bad_line", "failed", "no_summary"]
 
@@ -314,7 +315,9 @@ def test_figure_titles_say_scale_and_data_and_axes_have_units(tmp_path):
     trace, accuracy = fig2.axes[:2]
     assert "accordion" in trace.get_title()          # the detector trace prefers Accordion
     assert len(trace.lines) == 3 and trace.get_yscale() == "log"
-    assert len(trace.patches) == 2                   # critical spans: epochs 0-1 and 4
+    # flags logged at the end of epochs 0, 1 and 4 hold for epochs 1-2 and 5
+    assert [tuple(p.get_x() + w for w in (0, p.get_width())) for p in trace.patches] == [
+        (0.5, 2.5), (4.5, 5.5)]
     assert accuracy.get_ylabel() == "Test accuracy (%)" and accuracy.get_xlabel() == "Epoch"
     assert [t.get_text() for t in accuracy.get_legend().get_texts()] == [
         "Rank 1 only inside critical regimes (n=1)", "Rank 1 only outside critical regimes (n=1)",

@@ -23,6 +23,7 @@ REQUIRED_METRICS = ("epoch", "steps", "floats_sent", "bytes_sent", "collectives"
                     "epoch_time_s", "compute_time_s")
 FINAL_METRICS = ("test_acc", "val_ppl")
 RUN_DIR = "run_dir"
+UNFINISHED_STATUSES = ("running", "stopped")   # resumable: the job is going or was preempted
 
 
 class SkippedRunWarning(UserWarning):
@@ -34,7 +35,7 @@ class RunDirectoryError(ValueError):
 
 
 class UnfinishedRunError(RunDirectoryError):
-    """The run is still going (summary.status 'running'): not broken, just not ready."""
+    """The run is still going or was stopped to be resumed: not broken, just not ready."""
 
 
 @dataclass
@@ -125,8 +126,8 @@ def load_run(run_dir: Path, name: str) -> list[dict]:
     """Rows of one completed run: flattened config + summary.* + the epoch's metrics."""
     summary = _read_json_object(run_dir / "summary.json")
     status = summary.get("status")
-    if status == "running":
-        raise UnfinishedRunError("summary.status is 'running'")
+    if status in UNFINISHED_STATUSES:
+        raise UnfinishedRunError(f"summary.status is {status!r}")
     if status != "completed":
         raise RunDirectoryError(f"summary.status is {status!r}, not 'completed'")
     config = flatten(read_config(run_dir))

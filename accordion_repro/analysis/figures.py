@@ -154,8 +154,9 @@ def _plot_norm_trace(axes, figure: Figure, run: pd.DataFrame | None) -> None:
     if positive.size:
         axes.set_yscale("log")
     if "critical_layers" in run:
-        critical = run["critical_layers"].fillna(0).to_numpy() > 0
-        for start, end in _critical_spans(run["epoch"].to_numpy(), critical):
+        # the flags logged at the end of epoch e hold from epoch e + 1 on
+        critical = pd.to_numeric(run["critical_layers"], errors="coerce").fillna(0).to_numpy() > 0
+        for start, end in _critical_spans(run["epoch"].to_numpy() + 1, critical):
             axes.axvspan(start, end, color="#ff7f0e", alpha=0.15, linewidth=0)
     scalar = matplotlib.cm.ScalarMappable(cmap=colormap,
                                           norm=matplotlib.colors.Normalize(0, max(layers - 1, 1)))
