@@ -61,8 +61,39 @@ def dense_average(seed=0, shapes=SHAPES):
     return [sum(parts) / WORLD for parts in zip(*per_rank)]
 
 
+def _count_real_collectives(fn):
+    """Run fn() and count the torch.distributed collectives it really issued."""
+    from accordion_repro.comm import collectives
+
+    calls = []
+    originals = {name: getattr(dist, name) for name in ("all_reduce", "broadcast", "all_gather")}
+    gather = collectives._all_gather_flat
+
+    def counting(name, original):
+        def wrapper(*args, **kwargs):
+            calls.append(name)
+            return original(*args, **kwargs)
+        return wrapper
+
+    try:
+        for name, original in originals.items():
+            setattr(dist, name, counting(name, original))
+        collectives._all_gather_flat = counting("all_gather_flat", gather)
+        fn()
+    finally:
+        for name, original in originals.items():
+            setattr(dist, name, original)
+        collectives._all_gather_flat = gather
+    return calls
+
+
 def _reducers_worker(rank):
     result = {}
+    # Many layers, one PowerSGD step: still P, Q and one dense buffer only.
+    many = [(8, 3, 3, 3), (8,)] * 6 + [(10, 20), (10,)]
+    counted = build_reducer("powersgd", local_grads(rank, shapes=many), rank=2)
+    result["counted"] = _count_real_collectives(
+        lambda: counted.reduce(local_grads(rank, shapes=many)))
     # PowerSGD at a low rank: compressed, identical on both ranks, 3 collectives.
     reducer = build_reducer("powersgd", local_grads(rank), rank=1)
     for step in range(3):
@@ -96,6 +127,7 @@ def _reducers_worker(rank):
 def test_reducers_on_two_gloo_ranks(tmp_path):
     r0, r1 = run_workers(_reducers_worker, tmp_path)
     average = dense_average()
+    assert sorted(r0["counted"]) == ["all_reduce"] * 3
     for key in ("powersgd", "exact", "shared", "topk", "official", "none"):
         assert all(torch.equal(a, b) for a, b in zip(r0[key][0], r1[key][0])), key
 

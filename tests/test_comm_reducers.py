@@ -75,7 +75,7 @@ def test_level_switch_changes_floats_next_step_and_keeps_memory():
     stats = reducer.reduce(out, new_levels)
     assert stats.floats_sent == reducer.floats_per_step(new_levels)
     assert stats.floats_sent == 6 * 1 + 36 * 1 + 6 + 22 * 2 + 3 + 24 * 3
-    assert reducer.q[0].shape == (36, 1) and reducer.q[2].shape == (8, 3)
+    assert reducer.q[0].shape == (1, 36) and reducer.q[2].shape == (3, 8)
     for layer, index in enumerate(reducer.tensor_of_layer):  # g + old memory = out + new memory
         torch.testing.assert_close(
             grads[index] + memory_before[layer].view_as(grads[index]),
@@ -165,3 +165,18 @@ def test_resnet18_floats_per_step_match_the_paper_convention():
     powersgd = build_reducer("powersgd", params, rank=2)
     assert powersgd.num_compressible == 21
     assert [powersgd.floats_per_step([r] * 21) for r in (1, 2, 4)] == [45_935, 82_260, 154_910]
+
+
+@pytest.mark.parametrize("k", [1, 700, 50_000, 99_000, 99_999])
+@pytest.mark.parametrize("kind", ["normal", "ties", "spiky"])
+def test_sampled_topk_selection_is_exact_on_large_layers(k, kind):
+    gen = torch.Generator().manual_seed(k)
+    values = torch.randn(100_000, generator=gen)
+    if kind == "ties":
+        values = values.round()  # a handful of distinct magnitudes: ties at every threshold
+    if kind == "spiky":
+        values[torch.randperm(100_000, generator=gen)[:50]] *= 1e6
+    chosen = topk_indices(values, k)
+    assert chosen.numel() == k and chosen.unique().numel() == k
+    expected = torch.topk(values.abs(), k).values
+    torch.testing.assert_close(values.abs()[chosen].sort().values, expected.sort().values)

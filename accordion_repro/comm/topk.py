@@ -8,6 +8,7 @@ all-gather moves everything and no index is rounded through a float conversion.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -17,9 +18,60 @@ from .config import check_ratio
 from .stats import CommStats
 
 
+# Below this size torch.topk alone is as fast as anything cleverer.
+_SAMPLED_MIN_NUMEL = 1 << 16
+_SAMPLE_SIZE = 1 << 14
+_sample_positions: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _sample(magnitudes: torch.Tensor) -> torch.Tensor:
+    """A fixed pseudo-random sample of a layer's magnitudes (the same positions every step)."""
+    key = (magnitudes.numel(), magnitudes.device)
+    if key not in _sample_positions:
+        generator = torch.Generator().manual_seed(magnitudes.numel())
+        positions = torch.randint(magnitudes.numel(), (_SAMPLE_SIZE,), generator=generator)
+        _sample_positions[key] = positions.to(magnitudes.device)
+    return magnitudes[_sample_positions[key]]
+
+
+def _margin(fraction: float) -> float:
+    """Extra sampled fraction so the sampled threshold lets through >= k entries almost surely."""
+    return 5.0 * math.sqrt(fraction * (1.0 - fraction) / _SAMPLE_SIZE) + 2.0 / _SAMPLE_SIZE
+
+
 def topk_indices(values: torch.Tensor, k: int, scratch: torch.Tensor | None = None) -> torch.Tensor:
-    """Indices of the k largest |values| of a 1-D tensor, in no particular order, no full sort."""
+    """Indices of the k largest |values| of a 1-D tensor, in no particular order, no full sort.
+
+    Large layers use a threshold from a fixed sample of magnitudes: one comparison pass picks a
+    candidate set a little larger than k (or, when keeping most entries, a set a little larger
+    than the n - k to drop), and an exact torch.topk on that small set finishes. The candidate
+    count is checked, so the result is always the exact top k; a rare miss of the sampled
+    threshold (or NaNs) falls back to torch.topk over the whole layer.
+    """
+    n = values.numel()
     magnitudes = torch.abs(values, out=scratch) if scratch is not None else values.abs()
+    if n >= _SAMPLED_MIN_NUMEL and k < n:
+        sample = _sample(magnitudes)
+        if k <= n // 2:
+            fraction = min(1.0, k / n + _margin(k / n))
+            rank = max(1, _SAMPLE_SIZE - int(fraction * _SAMPLE_SIZE))
+            threshold = torch.kthvalue(sample, rank).values
+            candidates = torch.nonzero(magnitudes >= threshold).view(-1)
+            if candidates.numel() >= k:
+                chosen = torch.topk(magnitudes[candidates], k, sorted=False).indices
+                return candidates[chosen]
+        else:
+            drop = n - k
+            fraction = min(1.0, drop / n + _margin(drop / n))
+            rank = min(_SAMPLE_SIZE, max(1, int(fraction * _SAMPLE_SIZE)))
+            threshold = torch.kthvalue(sample, rank).values
+            candidates = torch.nonzero(magnitudes <= threshold).view(-1)
+            if candidates.numel() >= drop:
+                dropped = torch.topk(magnitudes[candidates], drop, largest=False,
+                                     sorted=False).indices
+                keep = torch.ones(n, dtype=torch.bool, device=values.device)
+                keep[candidates[dropped]] = False
+                return torch.nonzero(keep).view(-1)
     return torch.topk(magnitudes, k, sorted=False).indices
 
 
