@@ -92,21 +92,11 @@ def _worker(rank: int, port: int, args, queue):
         reducer.reduce(grads)
         return time.perf_counter() - start
 
-    def ddp_setup(hook, state):
+    def ddp_setup(hook, make_state):
         model = _shape_model(shapes, gradients)
+        state = make_state(model)
         ddp = DistributedDataParallel(model, bucket_cap_mb=100)  # one bucket for everything
-        elapsed = []
-
-        def timed_hook(hook_state, bucket):
-            start = time.perf_counter()
-            future = hook(hook_state, bucket)
-            future.wait()
-            elapsed.append(time.perf_counter() - start)
-            return future
-
-        timed_hook.__annotations__ = {"return": torch.futures.Future[torch.Tensor]}
-        ddp.register_comm_hook(state if state is not None else AccordionHookState(model), timed_hook)
-        return ddp, elapsed
+        return _wrap_existing(ddp, state, hook)
 
     def ddp_step(ddp_and_elapsed):
         ddp, elapsed = ddp_and_elapsed
@@ -118,14 +108,13 @@ def _worker(rank: int, port: int, args, queue):
     configs = {"dense all-reduce": (reducer_step, build_reducer("none", gradients))}
     for r in RANKS:
         configs[f"ours powersgd r{r}"] = (reducer_step, build_reducer("powersgd", gradients, rank=r))
-        state = torch_psgd.PowerSGDState(
+        torch_state = torch_psgd.PowerSGDState(
             process_group=None, matrix_approximation_rank=r, start_powerSGD_iter=2,
             min_compression_rate=1, use_error_feedback=True, warm_start=True)
-        configs[f"torch powersgd_hook r{r}"] = (ddp_step, ddp_setup(torch_psgd.powerSGD_hook, state))
-        model = _shape_model(shapes, gradients)
-        ours = AccordionHookState(model, compressor="powersgd", rank=r)
-        ddp = DistributedDataParallel(model, bucket_cap_mb=100)
-        configs[f"ours ddp hook r{r}"] = (ddp_step, _wrap_existing(ddp, ours, accordion_hook))
+        configs[f"torch powersgd_hook r{r}"] = (
+            ddp_step, ddp_setup(torch_psgd.powerSGD_hook, lambda model, s=torch_state: s))
+        configs[f"ours ddp hook r{r}"] = (ddp_step, ddp_setup(
+            accordion_hook, lambda model, r=r: AccordionHookState(model, "powersgd", rank=r)))
     for ratio in RATIOS:
         configs[f"ours topk {ratio:g}"] = (reducer_step, build_reducer("topk", gradients, ratio=ratio))
 
