@@ -84,6 +84,9 @@ def validate(cfg: DictConfig) -> None:
     _positive_int(c, "trainer", "max_steps_per_epoch", allow_none=True)
     _positive_int(c, "trainer", "max_eval_steps", allow_none=True)
     _positive_int(c, "trainer", "max_micro_batch", allow_none=True)
+    stop = trainer.get("stop_after_epoch")
+    _require(stop is None or (isinstance(stop, int) and stop >= 0), "trainer.stop_after_epoch",
+             f"must be an epoch >= 0 or null, got {stop!r}")
     _require(trainer["resume"] in ("auto", "never"), "trainer.resume",
              f"must be auto or never, got {trainer['resume']!r}")
     _require(trainer["device"] in ("auto", "cpu", "cuda"), "trainer.device",

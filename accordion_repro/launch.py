@@ -8,9 +8,11 @@ elastic agent does the same.
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import os
 import re
+import signal
 import socket
 import subprocess
 from pathlib import Path
@@ -104,6 +106,7 @@ def _spawned_worker(local_rank: int, cfg: dict, run_dir: str, world_size: int, a
     os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(local_rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank),
                       LOCAL_WORLD_SIZE=str(world_size))
+    _die_with_parent()
     _limit_threads(world_size)
     dist.init_process_group(backend=resolve_backend(cfg), init_method="env://", rank=local_rank,
                             world_size=world_size,
@@ -133,11 +136,32 @@ def launch(cfg: dict, run_dir: Path) -> None:
         _run(cfg, run_dir)
         return
     port = int(cfg["dist"]["master_port"] or free_port())
+    context = mp.start_processes(_spawned_worker, args=(cfg, str(run_dir), nproc, cfg["dist"]["master_addr"], port),
+                                 nprocs=nproc, join=False, start_method="spawn")
+    previous = signal.signal(signal.SIGTERM, _raise_system_exit)
     try:
-        mp.start_processes(_spawned_worker, args=(cfg, str(run_dir), nproc, cfg["dist"]["master_addr"], port),
-                           nprocs=nproc, join=True, start_method="spawn")
+        while not context.join():
+            pass
     except mp.ProcessRaisedException as exc:
         cause = str(exc).strip().splitlines()
         raise RankFailed(f"rank {exc.error_index} failed: {cause[-1] if cause else exc}\n{exc}") from None
     except mp.ProcessExitedException as exc:
         raise RankFailed(f"rank {exc.error_index} died: {exc}") from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for process in context.processes:  # on Ctrl-C or SIGTERM, leave no rank behind
+            if process.is_alive():
+                process.terminate()
+                process.join(10)
+
+
+def _raise_system_exit(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def _die_with_parent() -> None:
+    """Linux: a local rank gets SIGKILL when the launching process dies, even by SIGKILL."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from accordion_repro.accordion import CriticalRegimeDetector, Plan, build_schedule, compact_levels
+from accordion_repro.accordion import Plan, build_schedule
 from accordion_repro.comm import build_reducer
 from accordion_repro.config import compressor_level
 from accordion_repro.data import build_data
@@ -86,11 +86,7 @@ class Trainer:
             default_level=compressor_level(comp_name, comp),
             base_global_batch=self.base_batch * self.world_size, world_size=self.world_size,
             total_epochs=int(t["epochs"]), **sched)
-        self.detector = None
-        if self.schedule.needs_detector and self.rank == 0:
-            self.detector = CriticalRegimeDetector(
-                len(self.compressible), eta=float(sched.get("eta", 0.5)),
-                interval=int(sched.get("interval", 10)), lr_decay_rule=bool(sched.get("lr_decay_rule", True)))
+        self.detector = self.schedule.make_detector() if self.rank == 0 else None
         self.plan: Plan = self.schedule.initial_plan()
 
         self.task = build_task(self.bundle, cfg, rank=self.rank, world_size=self.world_size,
@@ -174,6 +170,12 @@ class Trainer:
                         total_bytes_sent=self.totals["bytes"], total_train_time_s=self.totals["train_time_s"])
                 if t["checkpoint"]:
                     self._save(epoch)
+                if t.get("stop_after_epoch") is not None and epoch >= int(t["stop_after_epoch"]) \
+                        and epoch + 1 < epochs:
+                    if self.logger:
+                        self.logger.update_summary(status="stopped")
+                        self.logger.close()
+                    return
         except BaseException as exc:
             if self.logger:
                 self.logger.update_summary(status="failed", error=f"rank {self.rank}: {type(exc).__name__}: {exc}")
@@ -266,19 +268,24 @@ class Trainer:
         }
 
     def _end_epoch(self, epoch: int) -> dict:
-        """Rank 0 decides the next epoch's plan; every rank applies it."""
-        info: dict = {"levels": None, "layer_levels": None, "critical_layers": None, "detector": None}
-        if self.plan.levels is not None:
-            info["levels"] = compact_levels(self.plan.levels)
-            info["layer_levels"] = list(self.plan.levels)
+        """Rank 0 decides the next epoch's plan; every rank applies it.
+
+        The record describes the epoch just trained (its levels, batch and LR scale) and the
+        decision taken at its end (how many layers are critical, the detector's norms).
+        """
+        info: dict = {}
         payload = [None]
         if self.rank == 0:
+            used = self.schedule.info()
             critical = None
             if self.detector is not None:
                 critical = self.detector.end_epoch(epoch, self.epoch_lr(epoch), self.epoch_lr(epoch + 1))
-                info["detector"] = self.detector.report
-                info["critical_layers"] = int(sum(critical))
             payload = [self.schedule.on_epoch_end(epoch, critical)]
+            decided = self.schedule.info()
+            info = {key: used[key] for key in ("levels", "layer_levels", "lr_scale")}
+            info.update(critical_layers=decided["critical_layers"], critical_model=decided["critical_model"],
+                        next_levels=decided["levels"],
+                        detector=self.detector.report if self.detector is not None else None)
         if _distributed():
             dist.broadcast_object_list(payload, src=0)
         self.plan = payload[0]  # the schedule's own state lives on rank 0 only

@@ -1,0 +1,156 @@
+"""End-to-end behaviour of the trainer: run directory, data parallelism, resume, failures."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from accordion_repro.errors import ConfigError, DatasetMissingError
+from conftest import REPO, compose_cfg, read_metrics, read_summary, train
+
+SMALL_IMAGE = ["dataset=synthetic_cifar10", "dataset.train_size=64", "dataset.test_size=32",
+               "trainer.batch_size=8", "trainer.eval_batch_size=16"]
+TIMING = {"epoch_time_s", "compute_time_s", "comm_time_s"}
+
+
+@pytest.mark.distributed
+def test_two_rank_run_directory_has_every_file_and_field(tmp_path):
+    run_dir = train(["model=resnet18", *SMALL_IMAGE, "dist.nproc_per_node=2", "trainer.epochs=2",
+                     "trainer.max_steps_per_epoch=3", "trainer.max_eval_steps=2"], tmp_path / "run")
+    assert (run_dir / "resolved.yaml").exists()
+    assert (run_dir / "checkpoints" / "last.pt").exists()
+    metrics = read_metrics(run_dir)
+    assert [m["epoch"] for m in metrics] == [0, 1]
+    for m in metrics:
+        for key in ("epoch", "lr", "train_loss", "test_loss", "test_acc", "steps", "batch_size",
+                    "floats_sent", "bytes_sent", *TIMING):
+            assert key in m, key
+        assert m["steps"] == 3 and m["batch_size"] == 16
+        assert m["floats_sent"] == 3 * 11_173_962  # dense: numel per step
+        assert m["bytes_sent"] == 4 * m["floats_sent"]
+    summary = read_summary(run_dir)
+    assert summary["num_params"] == 11_173_962
+    assert summary["world_size"] == 2 and summary["status"] == "completed"
+    assert summary["total_floats_sent"] == sum(m["floats_sent"] for m in metrics)
+    assert "final_test_acc" in summary and summary["total_train_time_s"] > 0
+
+
+def _lstm_overrides(nproc: int, batch: int) -> list[str]:
+    return ["model=lstm", "model.num_layers=1", "model.hidden_size=16", "model.embedding_size=16",
+            "model.dropout=0.0", "optim=lstm", "dataset=synthetic_text", "dataset.vocab_size=50",
+            "dataset.train_tokens=4000", "dataset.eval_tokens=400", "dataset.data_seed=3",
+            "dataset.bptt=10", f"dist.nproc_per_node={nproc}", f"trainer.batch_size={batch}",
+            "trainer.epochs=1", "trainer.max_steps_per_epoch=3", "trainer.max_eval_steps=1",
+            "optim.warmup_epochs=0", "optim.lr=0.5"]
+
+
+@pytest.mark.distributed
+def test_two_ranks_match_one_rank_on_the_same_global_batch(tmp_path):
+    """Each rank's contiguous shard holds the same columns as one rank's twice-as-wide batch."""
+    one = train(_lstm_overrides(1, 8) + ["optim.reference_batch=8"], tmp_path / "one")
+    two = train(_lstm_overrides(2, 4) + ["optim.reference_batch=8"], tmp_path / "two")
+    a = torch.load(one / "checkpoints" / "last.pt", weights_only=False)["model"]
+    b = torch.load(two / "checkpoints" / "last.pt", weights_only=False)["model"]
+    assert read_metrics(one)[0]["lr"] == pytest.approx(read_metrics(two)[0]["lr"])
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-5, rtol=0, msg=name)
+    start = torch.load(one / "checkpoints" / "last.pt", weights_only=False)
+    assert any((a[n] != 0).any() for n in a) and start["epoch"] == 0
+
+
+def test_resume_continues_identically(tmp_path):
+    common = ["model=resnet18", "model.width=0.125", *SMALL_IMAGE, "compressor=powersgd",
+              "compressor.rank=1", "schedule=accordion", "schedule.low=2", "schedule.high=1",
+              "schedule.interval=1", "trainer.epochs=3", "trainer.max_steps_per_epoch=3",
+              "optim.warmup_epochs=1", "optim.decay_at=[2]"]
+    whole = train(common, tmp_path / "whole")
+    train(common + ["trainer.stop_after_epoch=0"], tmp_path / "split")
+    assert read_summary(tmp_path / "split")["status"] == "stopped"
+    train(common, tmp_path / "split")
+    full, split = read_metrics(whole), read_metrics(tmp_path / "split")
+    assert len(full) == len(split) == 3
+    for a, b in zip(full, split):
+        assert {k: v for k, v in a.items() if k not in TIMING} == {k: v for k, v in b.items() if k not in TIMING}
+    assert read_summary(tmp_path / "split")["status"] == "completed"
+
+
+@pytest.mark.parametrize("override, key", [
+    ("optim.lr=-0.1", "optim.lr"),
+    ("trainer.epochs=0", "trainer.epochs"),
+    ("dist.nproc_per_node=0", "dist.nproc_per_node"),
+    ("model.name=resnet99", "model.name"),
+    ("dataset.name=imagenet", "dataset.name"),
+    ("compressor=powersgd compressor.rank=0", "compressor.rank"),
+    ("compressor=topk compressor.ratio=1.5", "compressor.ratio"),
+    ("compressor=powersgd schedule=accordion schedule.eta=0", "schedule.eta"),
+])
+def test_bad_values_are_rejected_with_their_key(override, key):
+    from accordion_repro.config import validate
+
+    cfg = compose_cfg(["dataset=synthetic_cifar10", *override.split()])
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert err.value.key == key
+
+
+def test_missing_dataset_is_one_line_before_training(tmp_path):
+    from accordion_repro.config import validate
+
+    cfg = compose_cfg(["dataset=cifar10", f"dataset.root={tmp_path}"])
+    with pytest.raises(DatasetMissingError) as err:
+        validate(cfg)
+    assert str(tmp_path) in str(err.value) and "\n" not in str(err.value)
+
+
+def _cli(args: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "accordion_repro.train", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, **kw)
+
+
+def test_cli_prints_composed_config_and_rejects_bad_values(tmp_path):
+    out = _cli(["model=resnet18", "compressor=powersgd", "schedule=accordion", "--cfg", "job"])
+    assert out.returncode == 0, out.stderr
+    assert "name: powersgd" in out.stdout and "name: accordion" in out.stdout
+    bad = _cli(["dataset=synthetic_cifar10", "optim.lr=-1", f"hydra.run.dir={tmp_path}/bad"])
+    assert bad.returncode == 2 and "optim.lr" in bad.stderr
+    assert not (tmp_path / "bad" / "metrics.jsonl").exists()
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines() if "spawn_main" in line]
+
+
+@pytest.mark.distributed
+def test_a_killed_rank_ends_the_job_with_its_rank(tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "accordion_repro.train", "model=resnet18", "model.width=0.125", *SMALL_IMAGE,
+         "dataset.train_size=100000", "dist.nproc_per_node=2", "trainer.epochs=1",
+         "logger.wandb.mode=disabled", f"hydra.run.dir={tmp_path}/run"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not (tmp_path / "run" / "summary.json").exists():
+            time.sleep(0.5)  # rank 0 writes summary.json once the ranks are set up
+        workers = _children(proc.pid)
+        assert len(workers) == 2, "ranks did not start"
+        os.kill(workers[1], signal.SIGKILL)
+        killed_at = time.time()
+        out, _ = proc.communicate(timeout=120)
+        assert time.time() - killed_at < 60
+        assert proc.returncode != 0
+        assert "rank 1" in out
+        time.sleep(1)
+        assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()
+                    and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
