@@ -5,22 +5,36 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Callable
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write to a temporary file beside `path`, then rename: readers never see half a file."""
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+    """Let `write` fill a temporary file beside `path`, then rename it over `path`.
+
+    Readers never see half a file, and an interrupted write leaves the old file in place
+    (os.replace is atomic on one file system).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(handle)
+    temporary = Path(name)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        os.chmod(temporary, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs are ordinary files
+        write(temporary)
+        os.replace(temporary, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        temporary.unlink(missing_ok=True)
         raise
+    return path
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    return atomic_write(path, lambda tmp: tmp.write_bytes(data))
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))

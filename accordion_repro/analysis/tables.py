@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from accordion_repro.analysis.atomic import write_text_atomic
+from accordion_repro.utils import atomic_write_text
 from accordion_repro.analysis.costmodel import resolve_network
 from accordion_repro.analysis.layout import (DATASET_TITLES, METRIC_TITLES, Cell, Section,
                                              TableSpec, run_command)
@@ -292,7 +292,7 @@ def write_table(spec: TableSpec, runs: pd.DataFrame, out_dir: str | Path, net: s
     extra = unmatched_runs(spec, runs)
     out_dir = Path(out_dir)
     return [
-        write_text_atomic(out_dir / f"{spec.id}.md", to_markdown(spec, blocks, net, extra)),
-        write_text_atomic(out_dir / f"{spec.id}.tex", to_latex(spec, blocks, net, extra)),
-        write_text_atomic(out_dir / f"{spec.id}.csv", to_csv(spec, blocks, net)),
+        atomic_write_text(out_dir / f"{spec.id}.md", to_markdown(spec, blocks, net, extra)),
+        atomic_write_text(out_dir / f"{spec.id}.tex", to_latex(spec, blocks, net, extra)),
+        atomic_write_text(out_dir / f"{spec.id}.csv", to_csv(spec, blocks, net)),
     ]
