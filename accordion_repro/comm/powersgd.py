@@ -106,9 +106,14 @@ class PowerSGDReducer(Reducer):
                 matrix = self._memory(layer).add_(grad_matrix)  # memory now holds M = g + e
             else:
                 matrix = grad_matrix
+            q_t = layout.q_t[layer]
             if self.q[layer] is None or not self.warm_start:
-                self.q[layer] = self._fresh_q(layer, self.levels[layer])
-            torch.mm(self.q[layer], matrix.t(), out=layout.p_t[layer])  # P^T = Q^T M^T
+                q_t.copy_(self._fresh_q(layer, self.levels[layer]))
+            elif self.q[layer].data_ptr() != q_t.data_ptr():
+                # Q always enters the product from its slot in the packed buffer: BLAS results
+                # can depend on alignment, and a resumed run must compute bit for bit alike.
+                q_t.copy_(self.q[layer])
+            torch.mm(q_t, matrix.t(), out=layout.p_t[layer])  # P^T = Q^T M^T
             matrices.append((layer, grad_matrix, matrix))
 
         self.comm.all_reduce_sum(layout.p_buffer, stats)
