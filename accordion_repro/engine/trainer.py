@@ -35,6 +35,15 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def broadcast_from_rank0(obj):
+    """Rank 0's object on every rank (the one decision all ranks apply)."""
+    if not _distributed():
+        return obj
+    payload = [obj]
+    dist.broadcast_object_list(payload, src=0)
+    return payload[0]
+
+
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -274,19 +283,17 @@ class Trainer:
         decision taken at its end (how many layers are critical, the detector's norms).
         """
         info: dict = {}
-        payload = [None]
+        decision = None
         if self.rank == 0:
             used = self.schedule.info()
             critical = None
             if self.detector is not None:
                 critical = self.detector.end_epoch(epoch, self.epoch_lr(epoch), self.epoch_lr(epoch + 1))
-            payload = [self.schedule.on_epoch_end(epoch, critical)]
+            decision = self.schedule.on_epoch_end(epoch, critical)
             decided = self.schedule.info()
             info = {key: used[key] for key in ("levels", "layer_levels", "lr_scale")}
             info.update(critical_layers=decided["critical_layers"], critical_model=decided["critical_model"],
                         next_levels=decided["levels"],
                         detector=self.detector.report if self.detector is not None else None)
-        if _distributed():
-            dist.broadcast_object_list(payload, src=0)
-        self.plan = payload[0]  # the schedule's own state lives on rank 0 only
+        self.plan = broadcast_from_rank0(decision)  # the schedule's own state lives on rank 0 only
         return info

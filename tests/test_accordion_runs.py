@@ -1,0 +1,101 @@
+"""Accordion inside the real training loop: level switches, batch switches, one decision for all."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from accordion_repro.comm import build_reducer
+from accordion_repro.launch import free_port
+from accordion_repro.models import build_model
+from conftest import read_metrics, train
+
+TINY = ["model=resnet18", "model.width=0.125", "dataset=synthetic_cifar10", "dataset.train_size=128",
+        "dataset.test_size=32", "trainer.batch_size=16", "trainer.eval_batch_size=32",
+        "trainer.max_eval_steps=1", "optim.warmup_epochs=0", "optim.decay_at=[]"]
+
+
+def test_accordion_moves_layers_to_high_and_back_to_low_at_the_decay(tmp_path):
+    run_dir = train([*TINY, "trainer.epochs=6", "compressor=powersgd", "compressor.rank=2",
+                     "schedule=accordion", "schedule.low=2", "schedule.high=1", "schedule.interval=2",
+                     "optim.decay_at=[4]"], tmp_path / "run")
+    metrics = read_metrics(run_dir)
+    levels = [m["layer_levels"] for m in metrics]
+    assert levels[0] == levels[1] == levels[2] == [2] * 21           # epoch 0 and until the first check
+    assert 1 in levels[3]                                             # the check at epoch 2 found calm layers
+    assert levels[4] == [2] * 21                                      # the LR of epoch 4 is lower: all low
+    assert metrics[2]["detector"]["checked"] and not metrics[3]["detector"]["checked"]
+    assert metrics[4]["lr"] < metrics[3]["lr"]
+
+    params = list(build_model("resnet18", num_classes=10, width=0.125).parameters())
+    reducer = build_reducer("powersgd", params, rank=2)
+    for m in metrics:
+        assert m["floats_sent"] == m["steps"] * reducer.floats_per_step(m["layer_levels"]), m["epoch"]
+    assert metrics[3]["floats_sent"] / metrics[3]["steps"] < metrics[2]["floats_sent"] / metrics[2]["steps"]
+
+
+@pytest.mark.distributed
+def test_batch_accordion_switches_batch_and_lr_at_the_logged_epoch(tmp_path):
+    run_dir = train([*TINY, "dist.nproc_per_node=2", "trainer.batch_size=8", "trainer.epochs=4",
+                     "schedule=batch_accordion", "schedule.low=16", "schedule.high=64",
+                     "schedule.mode=fixed_epoch", "schedule.switch_epoch=2"], tmp_path / "run")
+    metrics = read_metrics(run_dir)
+    assert [m["global_batch"] for m in metrics] == [16, 16, 64, 64]
+    assert [m["steps"] for m in metrics] == [8, 8, 2, 2]              # 128 images / global batch
+    assert metrics[2]["lr"] == pytest.approx(4 * metrics[1]["lr"])   # linear LR scaling
+    assert metrics[2]["floats_sent"] == metrics[1]["floats_sent"] / 4  # fewer steps, fewer floats
+
+
+@pytest.mark.distributed
+def test_joint_schedule_drives_levels_and_batch_from_one_detector(tmp_path):
+    run_dir = train([*TINY, "dist.nproc_per_node=2", "trainer.batch_size=8", "trainer.epochs=4",
+                     "compressor=powersgd", "compressor.rank=2", "schedule=joint", "schedule.low=2",
+                     "schedule.high=1", "schedule.batch_low=16", "schedule.batch_high=64",
+                     "schedule.interval=1", "schedule.eta=100"], tmp_path / "run")
+    metrics = read_metrics(run_dir)
+    # eta=100: nothing is ever critical after epoch 0, so from epoch 2 on (decided at the end
+    # of epoch 1, the first epoch with a previous norm) every layer is high and the batch large.
+    assert metrics[0]["global_batch"] == 16 and metrics[0]["layer_levels"] == [2] * 21
+    assert metrics[-1]["global_batch"] == 64 and metrics[-1]["layer_levels"] == [1] * 21
+    switch = next(m["epoch"] for m in metrics if m["global_batch"] == 64)
+    assert metrics[switch]["lr"] == pytest.approx(4 * metrics[switch - 1]["lr"])
+    assert metrics[switch]["layer_levels"] == [1] * 21
+
+
+def _decide(rank: int, port: int, out) -> None:
+    from accordion_repro.accordion import build_schedule
+    from accordion_repro.engine.trainer import broadcast_from_rank0
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
+    schedule = build_schedule("accordion", num_layers=2, compressor="powersgd", default_level=2,
+                              base_global_batch=16, world_size=2, low=2, high=1, interval=1, eta=0.5,
+                              lr_decay_rule=True, statistic="mean")
+    detector = schedule.make_detector()
+    for epoch, scale in enumerate([1.0, 1.0 if rank == 0 else 5.0]):  # rank 1's norms jump
+        detector.accumulate([torch.full((4, 4), scale), torch.full((4, 4), scale)])
+        critical = detector.end_epoch(epoch, 0.1, 0.1)
+        own = schedule.on_epoch_end(epoch, critical)
+    applied = broadcast_from_rank0(own)
+    out.put((rank, own.levels, applied.levels))
+    dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_every_rank_applies_rank0_decision_when_local_gradients_differ():
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_decide, args=(r, port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = dict((r, (own, applied)) for r, own, applied in (queue.get(timeout=120) for _ in procs))
+    for p in procs:
+        p.join(30)
+    assert results[0][0] == [1, 1] and results[1][0] == [2, 2]   # their own views differ...
+    assert results[0][1] == results[1][1] == [1, 1]               # ...both apply rank 0's
