@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 RUNS    ?= results/runs
 NET     ?= 10gbit
 
-.PHONY: install test test-fast demo figures bench bench-network reproduce-cpu clean-demo help
+.PHONY: install test test-fast demo figures bench bench-models bench-network reproduce-cpu clean-demo help
 
 help:
 	@echo "make install | test | demo | figures [RUNS=dir NET=10gbit] | bench | bench-network | reproduce-cpu"
@@ -38,6 +38,9 @@ figures: $(STAMP)
 
 bench: $(STAMP)
 	$(PYTHON) scripts/bench_compressors.py
+
+bench-models: $(STAMP)
+	$(PYTHON) scripts/bench_models.py
 
 bench-network: $(STAMP)
 	$(PYTHON) scripts/bench_network.py
