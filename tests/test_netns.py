@@ -244,13 +244,15 @@ def _fake_calibration(bandwidth_bps=100e6):
     shaping = ShapingReport(LinkSpec(bandwidth_bps, 5e-4), latency_applied=False)
     return LinkCalibration(shaping=shaping,
                            bulk=AllreduceMeasurement(1_000_000, 4_000_000, [0.34, 0.35, 0.36]),
-                           tiny=AllreduceMeasurement(1, 4, [2e-4] * 3))
+                           tiny=AllreduceMeasurement(1, 4, [2e-4] * 3),
+                           gather=AllreduceMeasurement(1_000_000, 4_000_000, [0.4] * 3))
 
 
 def _epoch(time_s, bytes_sent, level, compute_s=1.0):
     return {"steps": 2, "epoch_time_s": time_s, "compute_time_s": compute_s,
             "comm_time_s": time_s - compute_s, "floats_sent": bytes_sent // 4,
-            "bytes_sent": bytes_sent, "collectives": 4, "levels": {str(level): 21}}
+            "bytes_sent": bytes_sent, "collectives": 4,
+            "levels": {str(level) if level else "none": 21}}
 
 
 def test_rows_speedups_prediction_and_table():
@@ -274,6 +276,7 @@ def test_rows_speedups_prediction_and_table():
     assert low["speedup_vs_dense"] == 2.0 and low["speedup_vs_static_low"] == 1.0
     assert acc["epoch_time_s"] == 3.0 and acc["speedup_vs_static_low"] == pytest.approx(4 / 3)
     assert acc["schedule_trace"] == "2 1" and acc["bytes_sent_total"] == 600_000
+    assert dense["schedule_trace"] == "-"  # no levels, no global batch logged
     assert low["prediction_error"] == pytest.approx(2.0 / 4.0 - 1)
     assert acc["predicted_epoch_time_s"] is None
     table = markdown_table(rows, [cal])

@@ -36,17 +36,22 @@ class AllreduceMeasurement:
 
 
 def measure_shaped_allreduce(pair: NamespacePair, *, numel: int, repeats: int, work_dir: Path,
-                             timeout_s: float = 60.0) -> AllreduceMeasurement:
-    """Start the probe in both namespaces of an already created (and shaped) pair."""
-    out = Path(work_dir) / "allreduce.json"
+                             timeout_s: float = 60.0, op: str = "allreduce"
+                             ) -> AllreduceMeasurement:
+    """Start the probe in both namespaces of an already created (and shaped) pair.
+
+    op="allgather" times an all-gather where each rank contributes `numel` floats (what the
+    Top-K reducer issues); each rank then also sends its whole buffer once across the link.
+    """
+    out = Path(work_dir) / f"{op}.json"
     argv = python_argv("accordion_repro.netbench.allreduce_probe", "--numel", str(numel),
-                       "--repeats", str(repeats), "--out", str(out))
+                       "--repeats", str(repeats), "--out", str(out), "--op", op)
     run_two_ranks(pair, argv, log_dir=Path(work_dir), timeout_s=timeout_s)
     data = json.loads(out.read_text())
     return AllreduceMeasurement(numel=data["numel"], bytes=data["bytes"], times_s=data["times_s"])
 
 
-def _probe(numel: int, repeats: int, out: Path) -> None:
+def _probe(numel: int, repeats: int, out: Path, op: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -54,12 +59,20 @@ def _probe(numel: int, repeats: int, out: Path) -> None:
     dist.init_process_group("gloo")
     try:
         buffer = torch.ones(numel, dtype=torch.float32)
-        dist.all_reduce(buffer)  # warm-up: connections and TCP windows open before timing
+        gathered = torch.empty(numel * dist.get_world_size(), dtype=torch.float32)
+
+        def collective():
+            if op == "allgather":
+                dist.all_gather_into_tensor(gathered, buffer)
+            else:
+                dist.all_reduce(buffer)
+
+        collective()  # warm-up: connections and TCP windows open before timing
         times = []
         for _ in range(repeats):
             dist.barrier()
             start = time.perf_counter()
-            dist.all_reduce(buffer)
+            collective()
             times.append(time.perf_counter() - start)
         if dist.get_rank() == 0:
             out.write_text(json.dumps({"numel": numel, "bytes": numel * buffer.element_size(),
@@ -73,8 +86,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--numel", type=int, required=True)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--op", choices=("allreduce", "allgather"), default="allreduce")
     args = parser.parse_args(argv)
-    _probe(args.numel, args.repeats, args.out)
+    _probe(args.numel, args.repeats, args.out, args.op)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ class LinkCalibration:
     shaping: ShapingReport
     bulk: AllreduceMeasurement
     tiny: AllreduceMeasurement
+    gather: AllreduceMeasurement  # the Top-K reducer's collective, same bytes per rank as bulk
 
     @property
     def link(self) -> LinkSpec:
@@ -62,7 +63,9 @@ class LinkCalibration:
 def calibrate(pair: NamespacePair, shaping: ShapingReport, work_dir: Path) -> LinkCalibration:
     bulk = measure_shaped_allreduce(pair, numel=BULK_NUMEL, repeats=3, work_dir=work_dir / "bulk")
     tiny = measure_shaped_allreduce(pair, numel=1, repeats=20, work_dir=work_dir / "tiny")
-    return LinkCalibration(shaping=shaping, bulk=bulk, tiny=tiny)
+    gather = measure_shaped_allreduce(pair, numel=BULK_NUMEL, repeats=3, op="allgather",
+                                      work_dir=work_dir / "gather")
+    return LinkCalibration(shaping=shaping, bulk=bulk, tiny=tiny, gather=gather)
 
 
 def costmodel_predictor() -> EpochPredictor | None:
@@ -147,7 +150,7 @@ def schedule_trace(epochs: list[dict]) -> str:
     """What each epoch ran at, e.g. '2 2 1' (levels) or '16 16 128' (global batch)."""
     def one(epoch: dict) -> str:
         levels = epoch.get("levels")
-        if levels:
+        if levels and set(levels) != {"none"}:
             return "+".join(k if len(levels) == 1 else f"{k}x{v}" for k, v in levels.items())
         return str(epoch.get("global_batch", "-"))
 

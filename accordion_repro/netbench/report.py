@@ -50,7 +50,8 @@ def markdown_table(rows: Sequence[dict], calibrations: Sequence[LinkCalibration]
         lines.append(
             f"- {cal.shaping.label}: bulk all-reduce {cal.bulk.bytes / 1e6:.0f} MB in "
             f"{cal.bulk.median_s * 1e3:.1f} ms = {cal.measured_bandwidth_bps / 1e6:.1f} Mbit/s "
-            f"effective; one-float all-reduce {cal.tiny.median_s * 1e3:.2f} ms; latency "
+            f"effective; all-gather of the same size {cal.gather.median_s * 1e3:.1f} ms; "
+            f"one-float all-reduce {cal.tiny.median_s * 1e3:.2f} ms; latency "
             f"{applied}; cost model told {cal.model_latency_s * 1e3:.3f} ms per message.")
     lines += [f"- {note}" for note in notes]
     lines += [
