@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from accordion_repro.errors import ConfigError
 
@@ -70,12 +71,20 @@ def validate(cfg: DictConfig) -> None:
     """Raise ConfigError (or DatasetMissingError) for anything that would fail later."""
     from accordion_repro.accordion import validate_schedule
     from accordion_repro.comm import validate_compressor
-    from accordion_repro.data import check_dataset
+    from accordion_repro.data import DATASET_NAMES, check_dataset
     from accordion_repro.models import MODEL_NAMES
 
-    c = OmegaConf.to_container(cfg, resolve=True)
-    _require(c["model"].get("name") in MODEL_NAMES, "model.name",
-             f"unknown model {c['model'].get('name')!r}; choose one of {', '.join(MODEL_NAMES)}")
+    # Names first: other values may be looked up by them (scale maps are keyed by dataset).
+    model_name, dataset_name = cfg.model.get("name"), cfg.dataset.get("name")
+    _require(model_name in MODEL_NAMES, "model.name",
+             f"unknown model {model_name!r}; choose one of {', '.join(MODEL_NAMES)}")
+    _require(dataset_name in DATASET_NAMES, "dataset.name",
+             f"unknown dataset {dataset_name!r}; choose one of {', '.join(DATASET_NAMES)}")
+    try:
+        c = OmegaConf.to_container(cfg, resolve=True)
+    except InterpolationResolutionError as exc:
+        key = getattr(exc, "full_key", None) or "config"
+        raise ConfigError(str(key), f"cannot be resolved: {exc.msg if hasattr(exc, 'msg') else exc}") from None
 
     trainer, optim, dist = c["trainer"], c["optim"], c["dist"]
     _positive_int(c, "trainer", "epochs")
