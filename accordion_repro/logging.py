@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ class RunLogger:
         import wandb
 
         os.environ.setdefault("WANDB_SILENT", "true")
-        self.wandb_id = self.wandb_id or wandb.util.generate_id()
+        self.wandb_id = self.wandb_id or secrets.token_hex(6)
         self._wandb = wandb.init(
             project=wandb_cfg["project"], entity=wandb_cfg.get("entity"), group=wandb_cfg.get("group"),
             tags=list(wandb_cfg.get("tags") or []), mode=wandb_cfg["mode"], dir=str(self.run_dir),

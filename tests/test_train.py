@@ -21,11 +21,17 @@ TIMING = {"epoch_time_s", "compute_time_s", "comm_time_s"}
 
 
 @pytest.mark.distributed
-def test_two_rank_run_directory_has_every_file_and_field(tmp_path):
-    run_dir = train(["model=resnet18", *SMALL_IMAGE, "dist.nproc_per_node=2", "trainer.epochs=2",
-                     "trainer.max_steps_per_epoch=3", "trainer.max_eval_steps=2"], tmp_path / "run")
+@pytest.mark.parametrize("compressor, floats_per_step, bytes_per_float", [
+    ("compressor=none", 11_173_962, 4),
+    ("compressor=powersgd compressor.rank=2", 82_260, 4),
+])
+def test_two_rank_run_directory_has_every_file_and_field(tmp_path, compressor, floats_per_step, bytes_per_float):
+    run_dir = train(["model=resnet18", *SMALL_IMAGE, *compressor.split(), "dist.nproc_per_node=2",
+                     "trainer.epochs=2", "trainer.max_steps_per_epoch=3", "trainer.max_eval_steps=2"],
+                    tmp_path / "run")
     assert (run_dir / "resolved.yaml").exists()
     assert (run_dir / "checkpoints" / "last.pt").exists()
+    assert not (run_dir / "wandb").exists()  # logger.wandb.mode=disabled creates nothing
     metrics = read_metrics(run_dir)
     assert [m["epoch"] for m in metrics] == [0, 1]
     for m in metrics:
@@ -33,8 +39,8 @@ def test_two_rank_run_directory_has_every_file_and_field(tmp_path):
                     "floats_sent", "bytes_sent", *TIMING):
             assert key in m, key
         assert m["steps"] == 3 and m["batch_size"] == 16
-        assert m["floats_sent"] == 3 * 11_173_962  # dense: numel per step
-        assert m["bytes_sent"] == 4 * m["floats_sent"]
+        assert m["floats_sent"] == 3 * floats_per_step  # the official convention, per worker
+        assert m["bytes_sent"] == bytes_per_float * m["floats_sent"]  # float32 P, Q and dense
     summary = read_summary(run_dir)
     assert summary["num_params"] == 11_173_962
     assert summary["world_size"] == 2 and summary["status"] == "completed"
@@ -79,6 +85,17 @@ def test_resume_continues_identically(tmp_path):
     for a, b in zip(full, split):
         assert {k: v for k, v in a.items() if k not in TIMING} == {k: v for k, v in b.items() if k not in TIMING}
     assert read_summary(tmp_path / "split")["status"] == "completed"
+
+
+def test_wandb_offline_run_keeps_its_id_across_a_resume(tmp_path):
+    common = ["model=resnet18", "model.width=0.125", *SMALL_IMAGE, "trainer.epochs=2",
+              "trainer.max_steps_per_epoch=1", "trainer.max_eval_steps=1", "logger.wandb.mode=offline"]
+    run_dir = train(common + ["trainer.stop_after_epoch=0"], tmp_path / "run")
+    first = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)["wandb_id"]
+    train(common, run_dir)
+    runs = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
+    assert first and len(runs) == 2 and all(name.endswith(first) for name in runs)
+    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)["wandb_id"] == first
 
 
 @pytest.mark.parametrize("override, key", [
