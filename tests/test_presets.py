@@ -1,0 +1,321 @@
+"""Experiment presets: one per cell of analysis/layout.py, the official values at scale=paper,
+the same experiment shrunk at scale=cpu, and every piece buildable from the composed config."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from accordion_repro.accordion import build_schedule
+from accordion_repro.analysis.layout import FIGURES, TABLES, all_presets
+from accordion_repro.comm import build_reducer
+from accordion_repro.config import compressor_level, validate, world_size_of
+from accordion_repro.engine.lr import build_epoch_lr, decay_epochs
+from accordion_repro.errors import DatasetMissingError
+from accordion_repro.models import build_model, count_parameters
+from conftest import CONF_DIR, compose_cfg, read_metrics, read_summary, train
+
+EXPERIMENT_DIR = CONF_DIR / "experiment"
+CELLS = {cell.preset: cell for table in TABLES.values() for cell in table.cells}
+CELLS.update({cell.preset: cell for figure in FIGURES.values() for cell in figure.cells})
+PRESETS = all_presets()
+SYNTHETIC = {"cifar10": "synthetic_cifar10", "cifar100": "synthetic_cifar100",
+             "wikitext2": "synthetic_text"}
+DATASET_NAMES = sorted(path.stem for path in (CONF_DIR / "dataset").glob("*.yaml"))
+
+# ---- the official set-up, written from accordion-facts.md (not from the presets) ------------
+# Section 5: CIFAR and WikiText-2 training set-ups; section 2: detector interval.
+OFFICIAL_SETUP = {
+    "image": dict(workers=4, batch=128, lr=0.1, peak_lr=0.4, warmup=5, decays=[150, 250],
+                  epochs=300, interval=10, momentum=0.9, weight_decay=1e-4, clip=None),
+    "text": dict(workers=4, batch=128, lr=2.5, peak_lr=10.0, warmup=5, decays=[60, 80],
+                 epochs=90, interval=5, momentum=0.9, weight_decay=0.0, clip=0.4),
+}
+# Section 3: (low, high) levels per (dataset, compressor, model); section 4 and 7: batches.
+OFFICIAL_LEVELS = {
+    ("cifar10", "powersgd", "resnet18"): (2, 1),
+    ("cifar10", "powersgd", "vgg19bn"): (4, 1),
+    ("cifar10", "powersgd", "senet18"): (4, 1),
+    **{("cifar100", "powersgd", m): (2, 1) for m in ("resnet18", "densenet", "senet18")},
+    **{("cifar10", "topk", m): (0.99, 0.10) for m in ("resnet18", "googlenet", "senet18")},
+    **{("cifar100", "topk", m): (0.99, 0.25) for m in ("resnet18", "googlenet", "senet18")},
+    ("wikitext2", "topk", "lstm"): (0.99, 0.02),
+    **{(d, "batch", m): (512, 4096) for d in ("cifar10", "cifar100")
+       for m in ("resnet18", "densenet", "googlenet")},
+}
+# Section 6: parameter counts of the paper models (SE-ResNet-18 at its intended 512 channels).
+OFFICIAL_PARAMS = {
+    ("resnet18", 10): 11_173_962, ("resnet18", 100): 11_220_132,
+    ("vgg19bn", 10): 20_565_834, ("vgg19bn", 100): 39_327_652,
+    ("senet18", 10): 11_267_842, ("senet18", 100): 11_314_012,
+    ("densenet", 10): 1_000_618, ("densenet", 100): 1_035_268,
+    ("googlenet", 10): 6_166_250, ("googlenet", 100): 6_258_500,
+    ("lstm", 33_278): 31_819_578,
+}
+WIKITEXT2_VOCAB = 33_278
+
+
+@lru_cache(maxsize=None)
+def composed(preset: str, scale: str, *extra: str) -> dict:
+    """Composed and resolved once per test session (each composition costs ~0.1 s)."""
+    cfg = compose_cfg([f"experiment={preset}", f"scale={scale}", *extra])
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def preset_files() -> set[str]:
+    return {path.relative_to(EXPERIMENT_DIR).with_suffix("").as_posix()
+            for path in EXPERIMENT_DIR.rglob("*.yaml")}
+
+
+def is_text(cell) -> bool:
+    return cell.dataset == "wikitext2"
+
+
+def build_pieces(c: dict):
+    """Model (on the meta device: shapes only), reducer and schedule from a resolved config."""
+    num_classes = None if c["model"]["name"] == "lstm" else (100 if "100" in c["dataset"]["name"] else 10)
+    vocab_size = WIKITEXT2_VOCAB if c["model"]["name"] == "lstm" else None
+    options = {k: v for k, v in c["model"].items() if k != "name"}
+    with torch.device("meta"):
+        model = build_model(c["model"]["name"], num_classes=num_classes, vocab_size=vocab_size,
+                            **options)
+    params = [p for p in model.parameters() if p.requires_grad]
+    comp = dict(c["compressor"])
+    comp_name = comp.pop("name")
+    reducer = build_reducer(comp_name, params, **comp)
+    world = world_size_of(c)
+    sched = dict(c["schedule"])
+    schedule = build_schedule(sched.pop("name"), num_layers=reducer.num_compressible,
+                              compressor=comp_name, default_level=compressor_level(comp_name, comp),
+                              base_global_batch=c["trainer"]["batch_size"] * world,
+                              world_size=world, total_epochs=c["trainer"]["epochs"], **sched)
+    return model, reducer, schedule
+
+
+# ---- one preset per cell, one cell per preset ------------------------------------------------
+def test_every_cell_has_a_preset_and_every_preset_a_cell():
+    assert len(PRESETS) == len(set(PRESETS))
+    files = preset_files()
+    assert sorted(set(PRESETS) - files) == [], "cells of analysis/layout.py without a preset"
+    assert sorted(files - set(PRESETS)) == [], "presets that fill no cell of analysis/layout.py"
+
+
+def test_every_compression_table_has_a_dense_baseline():
+    for table in TABLES.values():
+        for section in table.sections:
+            if section.family == "batch":
+                continue
+            for model in {cell.model for cell in section.cells}:
+                assert f"{table.id}/{model}_{section.family}_dense" in PRESETS
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_preset_fills_its_cell(preset):
+    """run.* and the model, dataset, compressor and levels are those of the layout's cell."""
+    cell = CELLS[preset]
+    c = composed(preset, "paper")
+    assert c["run"]["name"] == preset
+    assert c["run"]["method"] == cell.method and c["run"]["label"] == cell.label
+    assert c["run"]["table"] == getattr(cell, "table", None)
+    assert c["run"]["figure"] == getattr(cell, "figure", None)
+    assert (c["model"]["name"], c["dataset"]["name"]) == (cell.model, cell.dataset)
+    assert c["compressor"]["name"] == cell.compressor
+    assert c["scale"]["name"] == "paper"
+    levels = preset_levels(c)
+    if cell.method == "dense":
+        assert levels == (None, None) and c["schedule"]["name"] == "static"
+    elif cell.method in ("static_low", "rank4", "rank2", "rank1"):
+        assert levels == (cell.low, cell.low)
+    elif cell.method == "static_high":
+        assert levels == (cell.high, cell.high)
+    elif cell.method == "high_inside":
+        assert (c["schedule"]["inside"], c["schedule"]["outside"]) == (cell.high, cell.low)
+    elif cell.method == "high_outside":
+        assert (c["schedule"]["inside"], c["schedule"]["outside"]) == (cell.low, cell.high)
+    else:  # accordion, accordion_4_1, accordion_4_2: the detector switches between the two
+        assert c["schedule"]["name"] in ("accordion", "batch_accordion")
+        assert c["schedule"].get("mode", "detector") == "detector"
+        assert levels == (cell.low, cell.high)
+
+
+def preset_levels(c: dict) -> tuple:
+    """(level at the start, level outside critical regimes): ranks, ratios or global batches."""
+    sched, comp = c["schedule"], c["compressor"]
+    base_batch = c["trainer"]["batch_size"] * c["dist"]["nproc_per_node"]
+    if sched["name"] == "batch_accordion":
+        if sched["mode"] == "fixed_epoch":
+            assert sched["switch_epoch"] == 0 and sched["low"] == base_batch
+            return sched["high"], sched["high"]
+        assert sched["low"] == base_batch, "B_low must be the trainer's global batch (LR basis)"
+        return sched["low"], sched["high"]
+    if sched["name"] == "accordion":
+        assert compressor_level(comp["name"], comp) == sched["low"]
+        return sched["low"], sched["high"]
+    if sched["name"] == "static" and comp["name"] == "none":
+        return (base_batch, base_batch) if c["run"]["method"] != "dense" else (None, None)
+    level = compressor_level(comp["name"], comp)
+    return level, level
+
+
+# ---- paper scale: the official values ----------------------------------------------------------
+@pytest.mark.parametrize("preset", PRESETS)
+def test_paper_scale_carries_the_official_setup(preset):
+    cell = CELLS[preset]
+    c = composed(preset, "paper")
+    want = OFFICIAL_SETUP["text" if is_text(cell) else "image"]
+    trainer, optim = c["trainer"], c["optim"]
+    assert c["dist"]["nproc_per_node"] == want["workers"]
+    assert trainer["batch_size"] == want["batch"] and trainer["epochs"] == want["epochs"]
+    assert optim["lr"] == want["lr"] and optim["warmup_epochs"] == want["warmup"]
+    assert optim["momentum"] == want["momentum"] and not optim["nesterov"]
+    assert optim["weight_decay"] == want["weight_decay"]
+    assert optim["clip_grad_norm"] == want["clip"]
+    assert decay_epochs(optim["decay_at"], trainer["epochs"]) == want["decays"]
+    lr = build_epoch_lr(optim, total_epochs=trainer["epochs"], world_size=want["workers"],
+                        batch_size=trainer["batch_size"])
+    assert lr(0) == pytest.approx(want["lr"])
+    assert lr(want["warmup"]) == pytest.approx(want["peak_lr"])
+    assert lr(want["decays"][0]) == pytest.approx(want["peak_lr"] / 10)
+    assert lr(want["decays"][1]) == pytest.approx(want["peak_lr"] / 100)
+    if "interval" in c["schedule"]:
+        assert c["schedule"]["interval"] == want["interval"]
+    if is_text(cell):
+        model = c["model"]
+        assert (model["num_layers"], model["hidden_size"], model["embedding_size"]) == (3, 650, 650)
+        assert model["tied"] and model["dropout"] == 0.4 and c["dataset"]["bptt"] == 30
+    if cell.model == "resnet18":
+        assert c["model"]["width"] == 1.0
+
+
+@pytest.mark.parametrize("preset", [p for p in PRESETS if p.startswith("table")])
+def test_paper_scale_levels_are_the_official_ones(preset):
+    cell = CELLS[preset]
+    low, high = OFFICIAL_LEVELS[(cell.dataset, cell.family, cell.model)]
+    c = composed(preset, "paper")
+    expected = {"dense": (None, None), "static_low": (low, low), "static_high": (high, high),
+                "accordion": (low, high)}[cell.method]
+    assert preset_levels(c) == expected
+
+
+def test_figure_presets_use_the_paper_levels_and_windows():
+    fig2 = composed("fig2/resnet18_high_inside", "paper")
+    assert fig2["schedule"]["name"] == "regime_windows"
+    windows = [[round(a * 300), round(b * 300)] for a, b in fig2["schedule"]["windows"]]
+    assert windows == [[0, 20], [150, 160], [250, 260]]
+    assert (fig2["schedule"]["inside"], fig2["schedule"]["outside"]) == (1, 2)
+    outside = composed("fig2/resnet18_high_outside", "paper")["schedule"]
+    assert (outside["inside"], outside["outside"]) == (2, 1)
+    assert preset_levels(composed("fig9/vgg19bn_accordion_4_2", "paper")) == (4, 2)
+    assert preset_levels(composed("fig10/resnet18_accordion", "paper")) == (512, 16384)
+    assert preset_levels(composed("fig10/resnet18_static_high", "paper")) == (16384, 16384)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("scale", ["paper", "cpu"])
+def test_preset_validates_and_builds_its_model_reducer_and_schedule(preset, scale, tmp_path):
+    """Validated and built as the trainer would; the dataset files are absent (an empty root),
+    so validation must get through every check and stop only at the files."""
+    cell = CELLS[preset]
+    c = composed(preset, scale)
+    missing = OmegaConf.create(c)
+    missing.paths.data_dir = str(tmp_path)
+    for key in ("root", "path"):
+        if key in missing.dataset:
+            missing.dataset[key] = str(tmp_path / "absent")
+    with pytest.raises(DatasetMissingError):
+        validate(missing)
+    model, reducer, schedule = build_pieces(c)
+    assert reducer.num_compressible == schedule.num_layers >= 1
+    plan = schedule.initial_plan()
+    if plan.levels is not None:
+        reducer.floats_per_step(plan.levels)
+    if scale == "paper":
+        key = WIKITEXT2_VOCAB if is_text(cell) else (100 if cell.dataset == "cifar100" else 10)
+        assert count_parameters(model) == OFFICIAL_PARAMS[(cell.model, key)]
+
+
+# ---- cpu scale: the same experiment, shrunk ----------------------------------------------------
+@pytest.mark.parametrize("preset", PRESETS)
+def test_cpu_scale_shrinks_the_same_experiment(preset):
+    cell = CELLS[preset]
+    paper, cpu = composed(preset, "paper"), composed(preset, "cpu")
+    assert cpu["scale"]["name"] == "cpu" and cpu["dist"]["nproc_per_node"] == 2
+    assert cpu["run"] == paper["run"]
+    for section in ("compressor",):
+        assert cpu[section] == paper[section]
+    text = is_text(cell)
+    assert cpu["trainer"]["epochs"] == (18 if text else 30)
+    assert cpu["trainer"]["batch_size"] < paper["trainer"]["batch_size"]
+    assert cpu["dataset"]["subset"] is not None and cpu["trainer"]["max_eval_steps"] is not None
+    decays = decay_epochs(cpu["optim"]["decay_at"], cpu["trainer"]["epochs"])
+    assert decays == ([12, 16] if text else [15, 25])
+    if "interval" in cpu["schedule"]:
+        assert cpu["schedule"]["interval"] == 1
+    if cpu["schedule"]["name"] == "batch_accordion":  # B_low / B_high follow the batch
+        base = cpu["trainer"]["batch_size"] * 2
+        ratio = paper["schedule"]["high"] // paper["schedule"]["low"]
+        assert (cpu["schedule"]["low"], cpu["schedule"]["high"]) == (base, base * ratio)
+    if cell.model == "resnet18":
+        assert cpu["model"]["width"] < 1.0
+    if text:
+        assert cpu["model"]["hidden_size"] == cpu["model"]["embedding_size"] < 650
+
+
+@pytest.mark.parametrize("scale", ["paper", "cpu"])
+@pytest.mark.parametrize("dataset", DATASET_NAMES)
+def test_scale_maps_cover_every_dataset(scale, dataset):
+    """The per-dataset values resolve through nested interpolation for each dataset config."""
+    cfg = compose_cfg([f"dataset={dataset}", f"scale={scale}", "schedule=accordion"])
+    c = OmegaConf.to_container(cfg, resolve=True)
+    text = dataset in ("wikitext2", "synthetic_text")
+    assert c["scale"]["name"] == scale
+    assert c["scale"]["detector_interval"] == ({"paper": 5, "cpu": 1}[scale] if text
+                                               else {"paper": 10, "cpu": 1}[scale])
+    if scale == "cpu":
+        assert c["trainer"]["epochs"] == (18 if text else 30)
+
+
+def test_cpu_scale_data_subsets_fit_the_real_sample_data():
+    """npz at scale=cpu draws a subset of the 14,000 real images in ../shared/data."""
+    c = composed("table1/resnet18_powersgd_static_low", "cpu", "dataset=npz")
+    assert c["dataset"]["name"] == "npz" and 0 < c["dataset"]["subset"] <= 14_000
+    assert c["trainer"]["epochs"] == 30 and c["schedule"]["name"] == "static"
+
+
+# ---- every preset trains (slow) ----------------------------------------------------------------
+TINY = {
+    "synthetic_cifar10": ["dataset.train_size=128", "dataset.test_size=8"],  # B_high 64 at batch 2
+    "synthetic_cifar100": ["dataset.train_size=128", "dataset.test_size=8"],
+    "synthetic_text": ["dataset.train_tokens=2000", "dataset.eval_tokens=400",
+                       "dataset.vocab_size=50", "dataset.eval_batch_size=2"],
+}
+
+
+@pytest.mark.slow
+def test_every_preset_trains_two_steps_at_cpu_scale(tmp_path):
+    """Each preset at scale=cpu on its synthetic stand-in, one epoch of 2 steps, one process.
+
+    The Figure 2 windows are fractions of the run and vanish in a 1-epoch run (a ConfigError),
+    so those presets keep their 30 epochs and stop after the first (status "stopped")."""
+    failures = []
+    for preset in PRESETS:
+        dataset = SYNTHETIC[CELLS[preset].dataset]
+        windows = CELLS[preset].method in ("high_inside", "high_outside")
+        length = ["trainer.stop_after_epoch=0"] if windows else ["trainer.epochs=1"]
+        run_dir = tmp_path / preset
+        try:
+            train([f"experiment={preset}", "scale=cpu", f"dataset={dataset}", *TINY[dataset],
+                   "dataset.subset=null", "dist.nproc_per_node=1", *length,
+                   "trainer.max_steps_per_epoch=2", "trainer.max_eval_steps=1",
+                   "trainer.batch_size=2", "trainer.eval_batch_size=2", "trainer.checkpoint=false"],
+                  run_dir)
+            metrics, summary = read_metrics(run_dir), read_summary(run_dir)
+            assert summary["status"] == ("stopped" if windows else "completed")
+            assert summary["scale"] == "cpu" and [m["steps"] for m in metrics] == [2]
+        except Exception as exc:  # collect all, so one run shows every broken preset
+            failures.append(f"{preset}: {type(exc).__name__}: {exc}")
+    assert failures == []
