@@ -172,6 +172,7 @@ class Trainer:
                 record.update(self._end_epoch(epoch))
                 if self.logger:
                     self.logger.log_epoch(record)
+                    print(self._epoch_line(record, epochs), flush=True)
                     metric = self.task.metric
                     self.logger.update_summary(
                         epochs_completed=epoch + 1, **{f"final_{metric}": record[metric]},
@@ -193,6 +194,14 @@ class Trainer:
         if self.logger:
             self.logger.update_summary(status="completed")
             self.logger.close()
+
+    def _epoch_line(self, r: dict, epochs: int) -> str:
+        metric = self.task.metric
+        value = f"{metric} {r[metric]:.2f}" + ("%" if metric == "test_acc" else "")
+        compressed = {k: v for k, v in (r.get("levels") or {}).items() if k != "none"}
+        levels = "  layers " + ", ".join(f"{v} at {k}" for k, v in compressed.items()) if compressed else ""
+        return (f"epoch {r['epoch']:>3}/{epochs}  lr {r['lr']:.4g}  train_loss {r['train_loss']:.4f}  {value}  "
+                f"floats {r['floats_sent'] / 1e6:.2f}M  {r['epoch_time_s']:.1f}s  batch {r['global_batch']}{levels}")
 
     def _micro_batches(self, per_worker: int) -> tuple[int, int]:
         cap = self.cfg["trainer"]["max_micro_batch"]
