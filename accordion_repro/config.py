@@ -149,4 +149,11 @@ def validate(cfg: DictConfig) -> None:
         world_size=world,
         total_epochs=trainer["epochs"],
     )
+    # The batch schedules scale the LR from B_low, so B_low must be the batch the LR is set for.
+    b_low_key = {"batch_accordion": "low", "joint": "batch_low"}.get(sched_name)
+    if b_low_key is not None:
+        base = trainer["batch_size"] * world
+        _require(sched[b_low_key] == base, f"schedule.{b_low_key}",
+                 f"B_low must equal trainer.batch_size x world size = {trainer['batch_size']} x {world} "
+                 f"= {base} (the batch the LR schedule is set for), got {sched[b_low_key]}")
     check_dataset(c["dataset"])

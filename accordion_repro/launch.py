@@ -45,6 +45,14 @@ def env_world_size() -> int | None:
     return int(slurm["WORLD_SIZE"]) if slurm else None
 
 
+def env_rank() -> int:
+    """This process's rank under torchrun or Slurm (0 when it is on its own)."""
+    if "RANK" in os.environ:
+        return int(os.environ["RANK"])
+    slurm = _slurm_env()
+    return int(slurm["RANK"]) if slurm else 0
+
+
 def _first_slurm_host() -> str:
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST", "")
     try:

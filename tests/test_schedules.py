@@ -22,8 +22,12 @@ def make(name, /, num_layers=3, run=None, **options):
     return build_schedule(name, num_layers=num_layers, **{**RUN, **(run or {})}, **options)
 
 
-def conf(name) -> dict:
-    return OmegaConf.to_container(OmegaConf.load(CONF / f"{name}.yaml"))
+def conf(name, *overrides) -> dict:
+    """The schedule node as a run composes it (its interval comes from the scale)."""
+    from conftest import compose_cfg
+
+    cfg = compose_cfg([f"schedule={name}", "dataset=synthetic_cifar10", *overrides])
+    return OmegaConf.to_container(cfg.schedule, resolve=True)
 
 
 # ---- plans ---------------------------------------------------------------------------------
@@ -247,6 +251,8 @@ def test_conf_defaults_are_valid_and_name_comes_first(name):
 def test_accordion_conf_defaults_match_the_paper():
     assert conf("accordion") == {"name": "accordion", "low": 2, "high": 1, "eta": 0.5,
                                  "interval": 10, "lr_decay_rule": True, "statistic": "mean"}
+    assert conf("accordion", "model=lstm", "dataset=synthetic_text")["interval"] == 5
+    assert conf("accordion", "scale=cpu")["interval"] == 1
 
 
 # ---- restore -------------------------------------------------------------------------------

@@ -67,10 +67,6 @@ def test_a_seed_list_multiplies_the_sweep(tmp_path):
     assert launched_jobs(result.stdout + result.stderr) == 6
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Hydra's glob() lists one directory level of a group and the presets sit one level down "
-    "(experiment/table1/...), so it launches 0 jobs; train.py must expand the glob over "
-    "conf/experiment/** before Hydra parses the command line (see docs/reproduce.md)"))
 def test_glob_selects_every_preset_of_a_table(tmp_path):
     result = cli(["-m", "experiment=glob(table1/*)", f"paths.runs_dir={tmp_path}",
                   f"paths.data_dir={tmp_path}/absent", "logger.wandb.mode=disabled"], timeout=120)
