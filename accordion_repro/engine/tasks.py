@@ -47,14 +47,24 @@ class ImageClassificationTask:
         x, y = batch
         return F.cross_entropy(model(x), y)
 
+    def _eval_set(self, max_steps: int | None):
+        """The test split, or a fixed random sample of max_steps batches of it.
+
+        A sample, not the first batches: test sets are often stored sorted by class. The sample
+        depends on nothing but the split's size, so every run is scored on the same images.
+        """
+        test = self.bundle.test
+        if max_steps is None or max_steps * self.eval_batch_size >= len(test):
+            return test
+        order = torch.randperm(len(test), generator=torch.Generator().manual_seed(0))
+        return torch.utils.data.Subset(test, order[:max_steps * self.eval_batch_size].sort().values.tolist())
+
     @torch.no_grad()
     def evaluate(self, model, max_steps: int | None) -> dict:
-        loader = torch.utils.data.DataLoader(self.bundle.test, batch_size=self.eval_batch_size,
+        loader = torch.utils.data.DataLoader(self._eval_set(max_steps), batch_size=self.eval_batch_size,
                                              shuffle=False, num_workers=self.num_workers)
         total_loss, correct, seen = 0.0, 0, 0
-        for step, (x, y) in enumerate(loader):
-            if max_steps is not None and step >= max_steps:
-                break
+        for x, y in loader:
             x, y = x.to(self.device), y.to(self.device)
             logits = model(x)
             total_loss += F.cross_entropy(logits, y, reduction="sum").item()
