@@ -171,3 +171,26 @@ def test_a_killed_rank_ends_the_job_with_its_rank(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_evaluation_runs_in_eval_mode_and_training_resumes_in_train_mode(tmp_path, monkeypatch):
+    """BatchNorm must use its running statistics (and dropout be off) when scoring the model."""
+    from accordion_repro.engine import tasks
+
+    modes = {"eval": [], "train": []}
+    evaluate, loss = tasks.ImageClassificationTask.evaluate, tasks.ImageClassificationTask.loss
+
+    def spy_evaluate(self, model, max_steps):
+        modes["eval"].append(model.training)
+        return evaluate(self, model, max_steps)
+
+    def spy_loss(self, model, batch):
+        modes["train"].append(model.training)
+        return loss(self, model, batch)
+
+    monkeypatch.setattr(tasks.ImageClassificationTask, "evaluate", spy_evaluate)
+    monkeypatch.setattr(tasks.ImageClassificationTask, "loss", spy_loss)
+    train(["model=resnet18", "model.width=0.125", *SMALL_IMAGE, "trainer.epochs=2",
+           "trainer.max_steps_per_epoch=2", "trainer.max_eval_steps=1"], tmp_path / "run")
+    assert modes["eval"] == [False, False]
+    assert modes["train"] == [True] * 4

@@ -168,7 +168,9 @@ class Trainer:
         try:
             for epoch in range(self.start_epoch, epochs):
                 record = self._train_epoch(epoch)
-                record.update(self.task.evaluate(self.model, t["max_eval_steps"]) if self.rank == 0 else {})
+                if self.rank == 0:  # rank 0's replica is the one reported, as in the official code
+                    self.model.eval()
+                    record.update(self.task.evaluate(self.model, t["max_eval_steps"]))
                 record.update(self._end_epoch(epoch))
                 if self.logger:
                     self.logger.log_epoch(record)
