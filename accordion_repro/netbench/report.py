@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import csv
-import os
 from pathlib import Path
 from typing import Sequence
 
 from accordion_repro.netbench.bench import LinkCalibration
+from accordion_repro.utils import atomic_write_text
 
 CSV_COLUMNS = (
     "link", "bandwidth_bps", "latency_s", "latency_applied", "measured_link_bps",
@@ -18,14 +18,6 @@ CSV_COLUMNS = (
 )
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    """A benchmark killed mid-write must not leave half a table behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_csv(rows: Sequence[dict], path: Path) -> None:
     import io
 
@@ -34,7 +26,7 @@ def write_csv(rows: Sequence[dict], path: Path) -> None:
     writer.writeheader()
     writer.writerows({k: ("" if row.get(k) is None else row.get(k)) for k in CSV_COLUMNS}
                      for row in rows)
-    _atomic_write(path, buffer.getvalue())
+    atomic_write_text(path, buffer.getvalue())
 
 
 def _fmt(value, spec: str, suffix: str = "") -> str:
@@ -77,4 +69,4 @@ def markdown_table(rows: Sequence[dict], calibrations: Sequence[LinkCalibration]
 
 
 def write_markdown(text: str, path: Path) -> None:
-    _atomic_write(path, text)
+    atomic_write_text(path, text)
