@@ -13,7 +13,6 @@ help:
 
 $(STAMP): pyproject.toml
 	@test -x $(PYTHON) || $(PY) -m venv $(VENV)
-	$(PYTHON) -m pip install --quiet --upgrade pip
 	$(PYTHON) -m pip install --quiet -e '.[test]'
 	@touch $(STAMP)
 
