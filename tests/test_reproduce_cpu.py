@@ -1,0 +1,24 @@
+"""The CPU reproduction's run list: every preset exists and composes with the real-data overrides."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from conftest import REPO, compose_cfg
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("reproduce_cpu", REPO / "scripts" / "reproduce_cpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_reproduction_run_is_a_preset_that_composes_at_cpu_scale(tmp_path):
+    script = _script()
+    for preset in script.CIFAR_PRESETS + script.LSTM_PRESETS + [script.TRACE_PRESET]:
+        argv = script.command(preset, 42, tmp_path / "data", tmp_path / "out", [])
+        overrides = [a for a in argv[3:] if not a.startswith("hydra.")]
+        cfg = compose_cfg(overrides)
+        assert cfg.scale.name == "cpu" and cfg.run.name == preset and cfg.seed == 42
+        assert cfg.dataset.name == ("wikitext2" if "lstm" in preset else "npz")
