@@ -62,6 +62,8 @@ def test_every_table_and_figure_is_built_from_trainer_runs(runs, tmp_path):
     assert any(key.startswith("table1") and "tradeoff" in key for key in written)
     # A table without runs names the presets to run instead of failing.
     assert "table5/resnet18_batch_accordion" in (tmp_path / "out/tables/table5.md").read_text()
+    # The runs used a reduced ResNet-18, and the table says so.
+    assert "Reduced models: resnet18 (width=0.125)" in (tmp_path / "out/tables/table1.md").read_text().splitlines()[0]
 
 
 def test_table1_numbers_equal_the_runs_metrics(runs, tmp_path):

@@ -26,6 +26,34 @@ RUN_DIR = "run_dir"
 UNFINISHED_STATUSES = ("running", "stopped")   # resumable: the job is going or was preempted
 
 
+# Size options of the paper models; a run that changes one is a reduced model, and every table
+# and figure built from it says so.
+PAPER_MODEL_SIZES = {"model.width": 1.0, "model.stage4_channels": 512, "model.num_layers": 3,
+                     "model.hidden_size": 650, "model.embedding_size": 650}
+
+
+def model_variant(values: Mapping[str, Any]) -> str | None:
+    """'resnet18 (width=0.25)' for a run whose model differs in size from the paper's, else None."""
+    diffs = []
+    for key, paper in PAPER_MODEL_SIZES.items():
+        value = values.get(key)
+        if value is not None and not pd.isna(value) and float(value) != paper:
+            diffs.append(f"{key.split('.', 1)[1]}={float(value):g}")
+    return f"{values.get('model.name')} ({', '.join(diffs)})" if diffs else None
+
+
+def model_variants(frame: pd.DataFrame) -> list[str]:
+    """The reduced models among a frame's runs (one-row-per-epoch or one-row-per-run)."""
+    if frame.empty:
+        return []
+    if "model.variant" in frame:
+        found = frame["model.variant"]
+    else:
+        rows = frame.drop_duplicates(RUN_DIR) if RUN_DIR in frame else frame
+        found = rows.apply(lambda row: model_variant(row.to_dict()), axis=1)
+    return sorted({str(v) for v in found.dropna() if v})
+
+
 class SkippedRunWarning(UserWarning):
     """A run directory was left out of the tables (broken or unfinished)."""
 

@@ -24,6 +24,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from accordion_repro.analysis.atomic import save_figure_atomic  # noqa: E402
+from accordion_repro.analysis.collect import model_variants  # noqa: E402
 from accordion_repro.analysis.layout import (FIGURES, METRIC_TITLES, FigureSpec,  # noqa: E402
                                              TableSpec)
 
@@ -44,7 +45,9 @@ def provenance(frame: pd.DataFrame) -> str:
     datasets = _sorted_unique(frame["dataset.name"]) if "dataset.name" in frame else []
     scale_text = (f"scale {scales[0]}" if len(scales) == 1
                   else f"MIXED scales {', '.join(scales)}" if scales else "scale unknown")
-    return f"{scale_text}; runs on {', '.join(datasets) or 'unknown data'}"
+    variants = model_variants(frame)
+    reduced = f"; reduced models: {'; '.join(variants)}" if variants else ""
+    return f"{scale_text}; runs on {', '.join(datasets) or 'unknown data'}{reduced}"
 
 
 def _wrapped(text: str, figure: Figure) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from accordion_repro.analysis.collect import RUN_DIR
+from accordion_repro.analysis.collect import PAPER_MODEL_SIZES, RUN_DIR, model_variant
 from accordion_repro.analysis.costmodel import collective_op, predict_epoch_time, resolve_network
 
 RUN_COLUMNS = ("run.name", "run.table", "run.figure", "run.method", "run.label", "seed",
@@ -43,7 +43,7 @@ def summarize_runs(frame: pd.DataFrame, net="10gbit", workers: int | None = None
     """One row per run, in run-directory order. `workers` None = each run's own world size."""
     columns = [RUN_DIR, *RUN_COLUMNS, "metric", "final", "epochs", "total_floats",
                "total_bytes", "train_time_s", "world_size", "predicted_workers",
-               "predicted_time_s"]
+               "predicted_time_s", "model.variant"]
     if frame.empty:
         return pd.DataFrame(columns=columns)
     records = []
@@ -66,5 +66,7 @@ def summarize_runs(frame: pd.DataFrame, net="10gbit", workers: int | None = None
             "predicted_workers": workers if workers is not None else (
                 None if world_size is None else int(world_size)),
             "predicted_time_s": predicted_run_time(epochs, net, workers),
+            "model.variant": model_variant(
+                {key: _first(epochs[key]) for key in ("model.name", *PAPER_MODEL_SIZES) if key in epochs}),
         })
     return pd.DataFrame(records, columns=columns)

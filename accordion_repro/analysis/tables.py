@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from accordion_repro.utils import atomic_write_text
+from accordion_repro.analysis.collect import model_variants
 from accordion_repro.analysis.costmodel import resolve_network
 from accordion_repro.analysis.layout import (DATASET_TITLES, METRIC_TITLES, Cell, Section,
                                              TableSpec, run_command)
@@ -49,6 +50,7 @@ class Block:
     rows: tuple[Row, ...]
     datasets: tuple[str, ...]    # dataset.name of the runs behind the block
     workers: tuple[int, ...]     # worker counts used by the predicted-time column
+    variants: tuple[str, ...] = ()  # reduced models among the runs, e.g. "resnet18 (width=0.25)"
 
     @property
     def missing(self) -> tuple[Cell, ...]:
@@ -108,7 +110,8 @@ def table_blocks(spec: TableSpec, runs: pd.DataFrame) -> list[Block]:
             used = pd.concat([_cell_runs(scale_runs, cell) for cell in section.cells])
             datasets = tuple(sorted(used["dataset.name"].dropna().astype(str).unique()))
             workers = tuple(sorted({int(w) for w in used["predicted_workers"].dropna()}))
-            blocks.append(Block(scale, section, _rows(section, scale_runs), datasets, workers))
+            variants = tuple(model_variants(used))
+            blocks.append(Block(scale, section, _rows(section, scale_runs), datasets, workers, variants))
     return blocks
 
 
@@ -156,7 +159,9 @@ def _scale_text(blocks: list[Block]) -> str:
 def _dataset_text(blocks: list[Block]) -> str:
     paper = ", ".join(dict.fromkeys(DATASET_TITLES[block.section.dataset] for block in blocks))
     runs = sorted({name for block in blocks for name in block.datasets})
-    return f"Dataset of the runs: {', '.join(runs) if runs else 'none yet'} (paper: {paper})"
+    variants = sorted({v for block in blocks for v in block.variants})
+    reduced = f". Reduced models: {'; '.join(variants)}" if variants else ""
+    return f"Dataset of the runs: {', '.join(runs) if runs else 'none yet'} (paper: {paper}){reduced}"
 
 
 def first_line(spec: TableSpec, blocks: list[Block]) -> str:
