@@ -95,6 +95,9 @@ def main() -> int:
                 return result.returncode
             shutil.rmtree(out / "checkpoints", ignore_errors=True)
             shutil.rmtree(out / ".hydra", ignore_errors=True)
+            log = out / "train.log"  # Hydra's job log, empty: the trainer prints to stdout
+            if log.exists() and log.stat().st_size == 0:
+                log.unlink()
             rows = [r for r in rows if not (r["preset"] == preset and int(r["seed"]) == seed)]
             rows.append({"preset": preset, "seed": seed, "wall_s": f"{elapsed:.1f}"})
             timings.parent.mkdir(parents=True, exist_ok=True)
