@@ -141,6 +141,11 @@ def _trace_run(runs: pd.DataFrame) -> pd.DataFrame | None:
     return min(candidates, key=lambda item: item[:2])[2].sort_values("epoch", kind="stable")
 
 
+def _first_value(run: pd.DataFrame, column: str):
+    values = run[column].dropna() if column in run else []
+    return str(values.iloc[0]) if len(values) else None
+
+
 def _plot_norm_trace(axes, figure: Figure, run: pd.DataFrame | None) -> None:
     if run is None:
         axes.text(0.5, 0.5, "no run with detector norms logged", ha="center", va="center",
@@ -168,7 +173,9 @@ def _plot_norm_trace(axes, figure: Figure, run: pd.DataFrame | None) -> None:
     axes.legend(handles=[Patch(color="#ff7f0e", alpha=0.3, label="detected critical regime"),
                          Line2D([], [], color="grey", label="one line per layer")], loc="best")
     axes.set_xlabel("Epoch")
-    axes.set_ylabel("Norm of the epoch's summed gradient (L2)")
+    statistic = _first_value(run, "schedule.statistic") or "sum"
+    what = {"mean": "mean step gradient", "sum": "summed gradient"}.get(statistic, statistic)
+    axes.set_ylabel(f"Norm of the epoch's {what} (L2)")
     axes.set_title(f"(a) per-layer gradient norm and detected critical regimes\n"
                    f"run {run['run_dir'].iloc[0]}")
     axes.grid(True, alpha=0.3)
