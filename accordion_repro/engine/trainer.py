@@ -9,6 +9,7 @@ plan from the next epoch on.
 from __future__ import annotations
 
 import math
+import os
 import random
 import sys
 import time
@@ -63,7 +64,7 @@ class Trainer:
         t = cfg["trainer"]
         use_cuda = t["device"] == "cuda" or (t["device"] == "auto" and torch.cuda.is_available())
         if use_cuda:
-            local = int(__import__("os").environ.get("LOCAL_RANK", "0"))
+            local = int(os.environ.get("LOCAL_RANK", "0"))
             torch.cuda.set_device(local % torch.cuda.device_count())
             self.device = torch.device("cuda", torch.cuda.current_device())
             torch.backends.cudnn.benchmark = not t["deterministic"]
@@ -231,7 +232,9 @@ class Trainer:
         bar = tqdm(total=steps_total, desc=f"epoch {epoch}", disable=not (show and self.rank == 0),
                    leave=False, dynamic_ncols=True)
         floats = bytes_ = collectives = 0
-        loss_sum, steps = 0.0, 0
+        # Losses stay on the device: one host sync per epoch, not per step.
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        steps = 0
         compute_s = comm_s = 0.0
         _sync(self.device)
         epoch_start = time.perf_counter()
@@ -240,11 +243,11 @@ class Trainer:
             t0 = time.perf_counter()
             for p in self.params:
                 p.grad = None
-            step_loss, got = 0.0, 0
+            step_loss, got = torch.zeros((), dtype=torch.float64, device=self.device), 0
             for batch in batches:
                 loss = self.task.loss(self.model, batch)
                 (loss / accum).backward()
-                step_loss += loss.item() / accum
+                step_loss += loss.detach() / accum
                 got += 1
                 if got == accum:
                     break
@@ -273,14 +276,15 @@ class Trainer:
             loss_sum += step_loss
             steps += 1
             bar.update(1)
-            bar.set_postfix(loss=f"{step_loss:.3f}")
+            if not bar.disable:  # the bar alone pays a sync per step, and only when shown
+                bar.set_postfix(loss=f"{step_loss.item():.3f}")
         bar.close()
         epoch_time = time.perf_counter() - epoch_start
         self.totals["floats"] += floats
         self.totals["bytes"] += bytes_
         self.totals["train_time_s"] += epoch_time
         return {
-            "epoch": epoch, "lr": lr, "train_loss": loss_sum / max(steps, 1), "steps": steps,
+            "epoch": epoch, "lr": lr, "train_loss": loss_sum.item() / max(steps, 1), "steps": steps,
             "batch_size": global_batch, "global_batch": global_batch, "micro_batch": micro,
             "accumulation": accum, "floats_sent": floats, "bytes_sent": bytes_,
             "collectives": collectives, "epoch_time_s": epoch_time, "compute_time_s": compute_s,
