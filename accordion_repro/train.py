@@ -17,6 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from accordion_repro import config as config_module
+from accordion_repro.data import prepare_dataset
 from accordion_repro.errors import ConfigError, DatasetMissingError
 from accordion_repro.launch import RankFailed, env_rank, launch
 from accordion_repro.utils import atomic_write_text
@@ -32,6 +33,7 @@ def run(cfg: DictConfig, run_dir: Path) -> Path:
     resolved.pop("hydra", None)
     if env_rank() == 0:
         atomic_write_text(run_dir / "resolved.yaml", OmegaConf.to_yaml(OmegaConf.create(resolved)))
+        prepare_dataset(resolved["dataset"])
     launch(resolved, run_dir)
     return run_dir
 

@@ -1,17 +1,25 @@
-"""Run the CPU-scale reproduction on real data, one run after another, and time each run.
+"""Run a CPU-scale reproduction on real data, one run after another, and time each run.
 
-The set (issue 8): Table 1's ResNet-18 cells, Table 3's CIFAR-10 ResNet-18 Top-K cells and
-its WikiText-2 LSTM cells, Table 5's ResNet-18 batch-size cells, and Figure 2's two runs plus
-the Accordion run whose norm trace it draws, each at `scale=cpu` on the real data in
-../shared/data (CIFAR-10: the 4,000 lossless + 10,000 JPEG training images and the full test
-set, through `dataset=npz`; WikiText-2: the token files), for every seed asked.
+Two studies (`--study`):
+- `cpu` (the small one): Table 1's ResNet-18 cells, Table 3's CIFAR-10 ResNet-18 Top-K cells
+  and its WikiText-2 LSTM cells, Table 5's ResNet-18 batch-size cells, and Figure 2's two runs
+  plus the Accordion run whose norm trace it draws, each at `scale=cpu` on the real data in
+  ../shared/data (CIFAR-10: the 4,000 lossless + 10,000 JPEG training images and the full test
+  set, through `dataset=npz`; WikiText-2: the token files), for every seed asked.
+- `cpu_full` (the whole-CIFAR study, `make reproduce-cpu-full`): `scale=cpu_full` on all 50,000
+  + 10,000 CIFAR-10 images (`dataset=cifar10_jpeg`): Table 1 and Table 3 ResNet-18 cells and
+  Figure 2 (b) for every seed, then Table 5, Figure 10 and Figure 9 (VGG-19bn on CIFAR-10 as a
+  CIFAR-100 stand-in) as the budget allows. Figure 2 (b) puts rank 1 into the same number of
+  epochs in both arms (FIG2_WINDOWS), inside or outside the critical regimes, so the two
+  differ in where the high compression goes, not how much of it there is.
 
 Each run is the ordinary CLI command (printed before it starts), so any row can be rerun by
 hand. Finished runs are skipped, an interrupted one resumes from its checkpoint, and
 checkpoints are deleted once a run completes (results/ keeps resolved.yaml, metrics.jsonl and
 summary.json). Wall times go to <runs>/timings.csv.
 
-    python scripts/reproduce_cpu.py [--seeds 42 43] [--data ../shared/data] [--dry-run] [--only PATTERN]
+    python scripts/reproduce_cpu.py [--study cpu|cpu_full] [--seeds 42 43] [--data ../shared/data]
+                                    [--dry-run] [--only PATTERN]
 """
 
 from __future__ import annotations
@@ -40,16 +48,64 @@ CIFAR_PRESETS = [
 TRACE_PRESET = "fig2/resnet18_accordion"  # Figure 2(a)'s norm trace: the first seed only
 LSTM_PRESETS = ["table3/lstm_topk_static_low", "table3/lstm_topk_static_high", "table3/lstm_topk_accordion"]
 
+# The whole-CIFAR study, in the order it runs: the cells that answer the paper's question for
+# every seed first, then the rest (one seed, as the budget allows). Figure 2(a)'s trace is the
+# Table 1 Accordion run's detector log (same config), so it is not run twice.
+FULL_CORE = CIFAR_PRESETS[:7] + ["fig2/resnet18_high_inside", "fig2/resnet18_high_outside"]
+FULL_EXTRA = CIFAR_PRESETS[7:10] + [
+    "fig10/resnet18_static_low", "fig10/resnet18_static_high", "fig10/resnet18_accordion",
+    "fig9/vgg19bn_rank4", "fig9/vgg19bn_rank2", "fig9/vgg19bn_rank1",
+    "fig9/vgg19bn_accordion_4_1", "fig9/vgg19bn_accordion_4_2",
+]
+# scale=cpu_full has 12 epochs with LR decays at 6 and 10. The critical regimes as Figure 2
+# places them (the first 20 of 300 epochs and 10 after each decay) are epochs 0-1, 6 and 10;
+# the other arm puts rank 1 into as many epochs outside them, the two before each decay's
+# critical epoch (4-5 and 8-9). `inside` is the level inside the windows in both arms.
+FIG2_WINDOWS = {
+    "fig2/resnet18_high_inside": "[[0,2],[6,7],[10,11]]",
+    "fig2/resnet18_high_outside": "[[4,6],[8,10]]",
+}
+STUDIES = {
+    "cpu": {"scale": "cpu", "data_check": "cifar10-sample", "runs": "cpu"},
+    "cpu_full": {"scale": "cpu_full", "data_check": "cifar10-jpeg-full", "runs": "cpu_full"},
+}
+
 
 def run_dir(runs: Path, preset: str, seed: int) -> Path:
     return runs / preset / f"seed{seed}"
 
 
-def command(preset: str, seed: int, data: Path, out: Path, extra: list[str]) -> list[str]:
-    dataset = [] if preset.startswith("table3/lstm") else ["dataset=npz"]
-    return [sys.executable, "-m", "accordion_repro.train", f"experiment={preset}", "scale=cpu",
-            *dataset, f"paths.data_dir={data}", f"seed={seed}", "logger.wandb.mode=disabled",
-            "trainer.progress=never", f"hydra.run.dir={out}", *extra]
+def command(preset: str, seed: int, data: Path, out: Path, extra: list[str],
+            study: str = "cpu") -> list[str]:
+    if preset.startswith("table3/lstm"):
+        dataset = []
+    elif study == "cpu_full":
+        dataset = ["dataset=cifar10_jpeg"]
+    else:
+        dataset = ["dataset=npz"]
+    windows = []
+    if study == "cpu_full" and preset in FIG2_WINDOWS:
+        windows = [f"schedule.windows={FIG2_WINDOWS[preset]}", "schedule.inside=1",
+                   "schedule.outside=2"]
+    return [sys.executable, "-m", "accordion_repro.train", f"experiment={preset}",
+            f"scale={STUDIES[study]['scale']}", *dataset, f"paths.data_dir={data}", f"seed={seed}",
+            "logger.wandb.mode=disabled", "trainer.progress=never", f"hydra.run.dir={out}",
+            *windows, *extra]
+
+
+def run_order(study: str, seeds: list[int], pattern: str) -> list[tuple[str, int]]:
+    """(preset, seed) pairs in the order they run."""
+    if study == "cpu_full":
+        order = [(p, s) for s in seeds[:2] for p in FULL_CORE]
+        order += [(p, seeds[0]) for p in FULL_EXTRA]
+        order += [(p, s) for s in seeds[2:] for p in FULL_CORE]
+        order += [(p, s) for s in seeds[1:2] for p in FULL_EXTRA]
+    else:
+        order = []
+        for seed in seeds:
+            trace = [TRACE_PRESET] if seed == seeds[0] else []
+            order += [(p, seed) for p in CIFAR_PRESETS + trace + LSTM_PRESETS]
+    return [(p, s) for p, s in order if fnmatch.fnmatch(p, pattern)]
 
 
 def completed(path: Path) -> bool:
@@ -59,53 +115,53 @@ def completed(path: Path) -> bool:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--study", choices=sorted(STUDIES), default="cpu")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43])
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
-    parser.add_argument("--runs", type=Path, default=REPO / "results" / "runs" / "cpu")
+    parser.add_argument("--runs", type=Path, default=None,
+                        help="where the run directories go (default results/runs/<study>)")
     parser.add_argument("--only", default="*", help="fnmatch pattern on the preset name")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     parser.add_argument("extra", nargs="*", help="further overrides for every run")
     args = parser.parse_args()
-    if not args.dry_run and not (args.data / "cifar10-sample").exists():
-        print(f"error: the real sample data is not at {args.data} (cifar10-sample/, cifar10-jpeg/, "
-              "wikitext-2/); pass --data", file=sys.stderr)
+    study = STUDIES[args.study]
+    runs = args.runs or REPO / "results" / "runs" / study["runs"]
+    if not args.dry_run and not (args.data / study["data_check"]).exists():
+        print(f"error: the real data is not at {args.data / study['data_check']} (see the data "
+              f"folder's README.md); pass --data", file=sys.stderr)
         return 2
-    presets = [p for p in CIFAR_PRESETS + LSTM_PRESETS if fnmatch.fnmatch(p, args.only)]
-    timings = args.runs / "timings.csv"
+    timings = runs / "timings.csv"
     rows = list(csv.DictReader(timings.open())) if timings.exists() else []
     start_all = time.perf_counter()
-    for seed in args.seeds:
-        trace = [TRACE_PRESET] if seed == args.seeds[0] and fnmatch.fnmatch(TRACE_PRESET, args.only) else []
-        order = [p for p in presets if p in CIFAR_PRESETS] + trace + [p for p in presets if p in LSTM_PRESETS]
-        for preset in order:
-            out = run_dir(args.runs, preset, seed)
-            argv = command(preset, seed, args.data.resolve(), out, args.extra)
-            if completed(out):
-                print(f"done already: {out}")
-                continue
-            print("$ " + " ".join(argv), flush=True)
-            if args.dry_run:
-                continue
-            start = time.perf_counter()
-            result = subprocess.run(argv, cwd=REPO)
-            elapsed = time.perf_counter() - start
-            if result.returncode != 0:
-                print(f"error: {preset} seed {seed} failed (exit {result.returncode}); rerun to resume",
-                      file=sys.stderr)
-                return result.returncode
-            shutil.rmtree(out / "checkpoints", ignore_errors=True)
-            shutil.rmtree(out / ".hydra", ignore_errors=True)
-            log = out / "train.log"  # Hydra's job log, empty: the trainer prints to stdout
-            if log.exists() and log.stat().st_size == 0:
-                log.unlink()
-            rows = [r for r in rows if not (r["preset"] == preset and int(r["seed"]) == seed)]
-            rows.append({"preset": preset, "seed": seed, "wall_s": f"{elapsed:.1f}"})
-            timings.parent.mkdir(parents=True, exist_ok=True)
-            with timings.open("w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=["preset", "seed", "wall_s"])
-                writer.writeheader()
-                writer.writerows(rows)
-            print(f"{preset} seed {seed}: {elapsed / 60:.1f} min", flush=True)
+    for preset, seed in run_order(args.study, args.seeds, args.only):
+        out = run_dir(runs, preset, seed)
+        argv = command(preset, seed, args.data.resolve(), out, args.extra, args.study)
+        if completed(out):
+            print(f"done already: {out}")
+            continue
+        print("$ " + " ".join(argv), flush=True)
+        if args.dry_run:
+            continue
+        start = time.perf_counter()
+        result = subprocess.run(argv, cwd=REPO)
+        elapsed = time.perf_counter() - start
+        if result.returncode != 0:
+            print(f"error: {preset} seed {seed} failed (exit {result.returncode}); rerun to resume",
+                  file=sys.stderr)
+            return result.returncode
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+        shutil.rmtree(out / ".hydra", ignore_errors=True)
+        log = out / "train.log"  # Hydra's job log, empty: the trainer prints to stdout
+        if log.exists() and log.stat().st_size == 0:
+            log.unlink()
+        rows = [r for r in rows if not (r["preset"] == preset and int(r["seed"]) == seed)]
+        rows.append({"preset": preset, "seed": seed, "wall_s": f"{elapsed:.1f}"})
+        timings.parent.mkdir(parents=True, exist_ok=True)
+        with timings.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=["preset", "seed", "wall_s"])
+            writer.writeheader()
+            writer.writerows(rows)
+        print(f"{preset} seed {seed}: {elapsed / 60:.1f} min", flush=True)
     if not args.dry_run:
         print(f"total: {(time.perf_counter() - start_all) / 60:.1f} min this invocation; "
               f"{sum(float(r['wall_s']) for r in rows) / 60:.1f} min over all timed runs")

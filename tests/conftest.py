@@ -42,6 +42,13 @@ def read_summary(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "summary.json").read_text())
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_decode_cache(tmp_path_factory):
+    """Tests decode JPEGs into their own cache, never into the user's ~/.cache."""
+    os.environ["ACCORDION_CACHE_DIR"] = str(tmp_path_factory.mktemp("decode-cache"))
+    yield
+
+
 @pytest.fixture
 def shared_data() -> Path:
     if not SHARED_DATA.exists():

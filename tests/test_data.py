@@ -22,6 +22,7 @@ from accordion_repro.data import (CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFA
                                   DATASET_NAMES, DataBundle, batchify, bptt_windows,
                                   build_data, check_dataset, image_loader)
 from accordion_repro.errors import ConfigError, DatasetMissingError
+from conftest import compose_cfg
 
 torch.set_num_threads(1)
 
@@ -230,6 +231,105 @@ def test_npz_missing_file_and_bad_contents(tmp_path):
     with pytest.raises(ConfigError) as caught:
         build_data({"name": "npz", "path": str(tmp_path / "jpeg.npz"), "num_classes": 5}, 0)
     assert caught.value.key == "dataset.num_classes"
+
+
+def _load_in_fresh_process(path: Path, cache_dir: Path) -> str:
+    """Load through the real loader in a new interpreter; return what it printed on stderr."""
+    import subprocess
+    import sys
+    code = ("import sys; from accordion_repro.data.npz import load_file; "
+            "d = load_file(sys.argv[1], sys.argv[2]); print(d['x_train'].shape)")
+    done = subprocess.run([sys.executable, "-c", code, str(path), str(cache_dir)],
+                          capture_output=True, text=True, check=True)
+    return done.stderr
+
+
+def test_jpeg_npz_is_decoded_once_and_later_processes_read_the_cache(tmp_path):
+    from accordion_repro.data import decode_cache
+    write_npz_pair(tmp_path)
+    cache = tmp_path / "cache"
+    first = _load_in_fresh_process(tmp_path / "jpeg.npz", cache)
+    assert "decoding jpeg.npz once" in first
+    entries = list((cache / "decoded").glob("jpeg-*.npz"))
+    assert len(entries) == 1
+    second = _load_in_fresh_process(tmp_path / "jpeg.npz", cache)
+    assert "decoding" not in second
+    # the cached arrays are the decoded ones, bit for bit
+    direct = build_data({"name": "npz", "path": str(tmp_path / "jpeg.npz"), "augment": False,
+                         "cache_dir": str(tmp_path / "other")}, 0)
+    with np.load(entries[0]) as cached:
+        np.testing.assert_array_equal(cached["x_train"], direct.train.data)
+        assert str(cached["_source_sha256"]) == decode_cache.file_digest(tmp_path / "jpeg.npz")
+
+
+def test_a_changed_source_file_never_reads_the_stale_cache(tmp_path):
+    raw, jpeg, _, _ = write_npz_pair(tmp_path)
+    cache = tmp_path / "cache"
+    _load_in_fresh_process(tmp_path / "jpeg.npz", cache)
+    jpeg["y_train"] = np.array([1, 1, 1, 1])
+    np.savez(tmp_path / "jpeg.npz", **jpeg)
+    assert "decoding jpeg.npz once" in _load_in_fresh_process(tmp_path / "jpeg.npz", cache)
+    assert len(list((cache / "decoded").glob("jpeg-*.npz"))) == 2
+    bundle = build_data({"name": "npz", "path": str(tmp_path / "jpeg.npz"), "cache_dir": str(cache)}, 0)
+    assert bundle.train.targets == [1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "other_source"])
+def test_a_damaged_cache_entry_is_decoded_again_not_used(tmp_path, damage):
+    write_npz_pair(tmp_path)
+    cache = tmp_path / "cache"
+    _load_in_fresh_process(tmp_path / "jpeg.npz", cache)
+    [entry] = (cache / "decoded").glob("jpeg-*.npz")
+    if damage == "truncated":
+        entry.write_bytes(entry.read_bytes()[:200])
+    elif damage == "garbage":
+        entry.write_bytes(b"not an npz at all")
+    else:
+        with np.load(entry) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+        arrays["_source_sha256"] = np.array("0" * 64)
+        arrays["y_train"] = np.array([3, 3, 3, 3])
+        with open(entry, "wb") as f:
+            np.savez(f, **arrays)
+    stderr = _load_in_fresh_process(tmp_path / "jpeg.npz", cache)
+    assert "ignoring the unusable decode cache" in stderr and "decoding jpeg.npz once" in stderr
+    bundle = build_data({"name": "npz", "path": str(tmp_path / "jpeg.npz"), "cache_dir": str(cache)}, 0)
+    assert bundle.train.targets == [7, 8, 9, 0]
+
+
+def test_cache_dir_comes_from_the_config_or_the_environment(tmp_path, monkeypatch):
+    from accordion_repro.data import decode_cache, prepare_dataset
+    write_npz_pair(tmp_path)
+    monkeypatch.setenv("ACCORDION_CACHE_DIR", str(tmp_path / "from_env"))
+    assert decode_cache.default_cache_dir() == tmp_path / "from_env"
+    prepare_dataset({"name": "npz", "path": [str(tmp_path / "raw.npz"), str(tmp_path / "jpeg.npz")]})
+    assert len(list((tmp_path / "from_env" / "decoded").glob("jpeg-*.npz"))) == 1
+    assert not list((tmp_path / "from_env" / "decoded").glob("raw-*"))  # raw pixels need no cache
+    prepare_dataset({"name": "npz", "path": str(tmp_path / "jpeg.npz"),
+                     "cache_dir": str(tmp_path / "from_cfg")})
+    assert len(list((tmp_path / "from_cfg" / "decoded").glob("jpeg-*.npz"))) == 1
+    cfg = OmegaConf.to_container(compose_cfg(["dataset=cifar10_jpeg"]), resolve=True)
+    assert cfg["dataset"]["cache_dir"] == str(tmp_path / "from_env")
+
+
+def test_cifar10_jpeg_preset_missing_file_is_one_line(tmp_path):
+    cfg = OmegaConf.to_container(
+        compose_cfg(["dataset=cifar10_jpeg", f"paths.data_dir={tmp_path}"]), resolve=True)
+    with pytest.raises(DatasetMissingError) as caught:
+        check_dataset(cfg["dataset"])
+    message = one_line(caught.value)
+    assert "cifar10-jpeg-full/cifar10_jpeg_50k_10k.npz" in message and "paths.data_dir" in message
+
+
+FULL_JPEG = SHARED / "cifar10-jpeg-full" / "cifar10_jpeg_50k_10k.npz"
+
+
+@pytest.mark.skipif(not FULL_JPEG.exists(), reason=f"{FULL_JPEG} not present")
+def test_whole_cifar10_jpeg_gives_50000_train_and_10000_test():
+    bundle = build_data({"name": "npz", "path": str(FULL_JPEG)}, seed=0)
+    assert (len(bundle.train), len(bundle.test)) == (50_000, 10_000)
+    assert np.bincount(np.asarray(bundle.train.targets), minlength=10).tolist() == [5000] * 10
+    assert "cifar10_jpeg_50k_10k.npz" in bundle.description
 
 
 @needs_shared

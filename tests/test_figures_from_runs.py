@@ -20,7 +20,7 @@ from conftest import read_metrics, train
 
 TINY = ["scale=cpu", "dataset=synthetic_cifar10", "dataset.train_size=64", "dataset.test_size=32",
         "dist.nproc_per_node=1", "trainer.epochs=3", "trainer.max_steps_per_epoch=2",
-        "trainer.max_eval_steps=1", "trainer.batch_size=16", "scale.resnet18_width=0.125",
+        "trainer.max_eval_steps=1", "trainer.batch_size=16", "scale.width.resnet18=0.125",
         "trainer.checkpoint=false"]
 TABLE1 = {"dense": [42, 43], "static_low": [42, 43], "static_high": [42], "accordion": [42]}
 FIGURES = ["fig2/resnet18_high_inside", "fig2/resnet18_high_outside", "fig2/resnet18_accordion",

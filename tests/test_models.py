@@ -74,6 +74,63 @@ def test_width_multiplier_shrinks_resnet_but_keeps_its_shape():
     assert small(torch.randn(2, 3, 32, 32)).shape == (2, 10)
 
 
+SCALE_DIR = CONF_DIR.parent / "scale"
+
+
+def cpu_widths(scale: str) -> dict[str, float]:
+    return yaml.safe_load((SCALE_DIR / f"{scale}.yaml").read_text())["scale"]["width"]
+
+
+@pytest.mark.parametrize("name,options,cifar10,cifar100", PAPER_COUNTS)
+def test_width_one_is_the_paper_model(name, options, cifar10, cifar100):
+    assert count_on_meta(name, num_classes=10, width=1.0, **options) == cifar10
+
+
+@pytest.mark.parametrize("scale", ["cpu", "cpu_full"])
+@pytest.mark.parametrize("name", IMAGE_MODELS)
+def test_cpu_width_keeps_the_layout_and_trains(name, scale):
+    width = cpu_widths(scale)[name]
+    assert 0 < width < 1
+    with torch.device("meta"):
+        paper = build_model(name, num_classes=10)
+    small = build_model(name, num_classes=10, width=width)
+    assert [p.dim() for p in small.parameters()] == [p.dim() for p in paper.parameters()]
+    assert count_parameters(small) < count_parameters(paper) / 3
+    torch.manual_seed(0)
+    loss = torch.nn.functional.cross_entropy(small(torch.randn(8, 3, 32, 32)), torch.arange(8) % 10)
+    loss.backward()
+    grads = [p.grad for p in small.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    # A one-unit SE gate can be dead (ReLU) on a small batch; nearly every tensor still learns.
+    assert sum(bool(g.abs().sum() > 0) for g in grads) >= 0.95 * len(grads)
+
+
+def official_senet18_shapes(num_classes=10, stages=(64, 128, 256, 512), reduction=16):
+    """Parameter shapes of weiaicunzai's SE-ResNet-18 in its registration order: per block the
+    residual (conv+bias, BN, conv+bias, BN), then the shortcut (1x1 conv+bias, BN) where there
+    is one, then the excitation (Linear C->C/16, Linear C/16->C)."""
+    shapes = [(64, 3, 3, 3), (64,), (64,), (64,)]
+    cin = 64
+    for index, c in enumerate(stages):
+        for block in range(2):
+            stride = 2 if index > 0 and block == 0 else 1
+            shapes += [(c, cin, 3, 3), (c,), (c,), (c,), (c, c, 3, 3), (c,), (c,), (c,)]
+            if stride != 1 or cin != c:
+                shapes += [(c, cin, 1, 1), (c,), (c,), (c,)]
+            shapes += [(c // reduction, c), (c // reduction,), (c, c // reduction), (c,)]
+            cin = c
+    return shapes + [(num_classes, cin), (num_classes,)]
+
+
+@pytest.mark.parametrize("stage4", [512, 516])
+def test_senet_parameter_order_is_the_official_one(stage4):
+    with torch.device("meta"):
+        model = build_model("senet18", num_classes=10, stage4_channels=stage4)
+    official = official_senet18_shapes(stages=(64, 128, 256, stage4))
+    assert len(official) == 114
+    assert [tuple(p.shape) for p in model.parameters()] == official
+
+
 def sgd_step_changes_every_parameter(model, loss_fn):
     before = [p.detach().clone() for p in model.parameters()]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -139,7 +196,8 @@ def test_every_model_has_a_conf_file():
 @pytest.mark.parametrize("kwargs,key", [
     ({"name": "resnet50", "num_classes": 10}, "model.name"),
     ({"name": "resnet18", "num_classes": 10, "depth": 34}, "model.depth"),
-    ({"name": "vgg19bn", "num_classes": 10, "width": 0.5}, "model.width"),
+    ({"name": "vgg19bn", "num_classes": 10, "width": -0.5}, "model.width"),
+    ({"name": "googlenet", "num_classes": 10, "width": "half"}, "model.width"),
     ({"name": "resnet18", "num_classes": 10, "width": 0}, "model.width"),
     ({"name": "senet18", "num_classes": 10, "stage4_channels": 8}, "model.stage4_channels"),
     ({"name": "senet18", "num_classes": 10, "stage4_channels": 512.5}, "model.stage4_channels"),

@@ -271,18 +271,28 @@ def test_cpu_scale_shrinks_the_same_experiment(preset):
         assert cpu["model"]["hidden_size"] == cpu["model"]["embedding_size"] < 650
 
 
-@pytest.mark.parametrize("scale", ["paper", "cpu"])
+@pytest.mark.parametrize("scale", ["paper", "cpu", "cpu_full"])
 @pytest.mark.parametrize("dataset", DATASET_NAMES)
 def test_scale_maps_cover_every_dataset(scale, dataset):
     """The per-dataset values resolve through nested interpolation for each dataset config."""
     cfg = compose_cfg([f"dataset={dataset}", f"scale={scale}", "schedule=accordion"])
     c = OmegaConf.to_container(cfg, resolve=True)
-    text = dataset in ("wikitext2", "synthetic_text")
+    family = c["dataset"]["name"]  # dataset=cifar10_jpeg is read by the npz loader
+    text = family in ("wikitext2", "synthetic_text")
     assert c["scale"]["name"] == scale
-    assert c["scale"]["detector_interval"] == ({"paper": 5, "cpu": 1}[scale] if text
-                                               else {"paper": 10, "cpu": 1}[scale])
-    if scale == "cpu":
-        assert c["trainer"]["epochs"] == c["scale"]["by_dataset"][dataset]["epochs"] < (90 if text else 300)
+    assert c["scale"]["detector_interval"] == ({"paper": 5, "cpu": 1, "cpu_full": 1}[scale] if text
+                                               else {"paper": 10, "cpu": 1, "cpu_full": 2}[scale])
+    if scale != "paper":
+        assert c["trainer"]["epochs"] == c["scale"]["by_dataset"][family]["epochs"] < (90 if text else 300)
+
+
+def test_cpu_full_scale_trains_on_the_whole_cifar10_and_tests_on_all_of_it():
+    c = composed("table1/resnet18_powersgd_static_low", "cpu_full", "dataset=cifar10_jpeg")
+    assert c["dataset"]["name"] == "npz" and c["dataset"]["subset"] is None
+    assert c["dataset"]["path"].endswith("cifar10-jpeg-full/cifar10_jpeg_50k_10k.npz")
+    assert c["trainer"]["max_eval_steps"] is None
+    assert c["scale"]["detector_interval"] > 1
+    assert c["model"]["width"] == 0.25
 
 
 def test_cpu_scale_data_subsets_fit_the_real_sample_data():

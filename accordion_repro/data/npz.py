@@ -8,8 +8,9 @@ Several files are joined: train parts are concatenated; test parts are concatena
 image whose `test_index` (its index in the original test set, -1 when unknown) was already
 seen in an earlier file is dropped, so overlapping samples of one test set are counted once.
 
-JPEGs are decoded once, at load, and the decoded arrays are cached per file for the life of
-the process: decoding in __getitem__ would repeat the work every epoch on every rank.
+JPEGs are decoded once per file and machine: the decoded arrays go to an on-disk cache
+(decode_cache.py; `dataset.cache_dir` or $ACCORDION_CACHE_DIR moves it) that the launcher fills
+before any rank starts, and are kept per file for the life of the process.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from PIL import Image
 
 from ..errors import ConfigError, DatasetMissingError
 from .bundle import DataBundle
+from .decode_cache import cached_decode
 from .images import (CIFAR10_MEAN, CIFAR10_STD, ArrayImageDataset, check_labels, image_bundle,
                      transforms_from_config)
 
@@ -39,9 +41,10 @@ def check(cfg) -> None:
     for path in _paths(cfg):
         if not os.path.isfile(path):
             raise DatasetMissingError(
-                f"npz dataset file not found: {os.path.abspath(path)} (dataset.path); point it "
-                f"at an .npz with x_train/y_train/x_test/y_test or train_jpeg/train_offsets, "
-                f"e.g. the samples described in the data folder's README.md")
+                f"npz dataset file not found: {os.path.abspath(path)} (dataset.path); put it "
+                f"there, or point paths.data_dir (or dataset.path) at the folder that has it: "
+                f"an .npz with x_train/y_train/x_test/y_test or train_jpeg/train_offsets, e.g. "
+                f"the CIFAR-10 files described in the data folder's README.md")
 
 
 def decode_jpegs(blob: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -77,20 +80,38 @@ def _split(arrays, split: str, path: str) -> tuple[np.ndarray, np.ndarray, np.nd
     return images, labels, original
 
 
-def load_file(path: str) -> dict[str, np.ndarray]:
-    """Both splits of one file, decoded; cached by path, size and modification time."""
+def _decode_file(path: str) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as npz:
+        arrays = {name: npz[name] for name in npz.files}
+    loaded = {}
+    for split in ("train", "test"):
+        images, labels, original = _split(arrays, split, path)
+        loaded.update({f"x_{split}": images, f"y_{split}": labels, f"{split}_index": original})
+    return loaded
+
+
+def _has_jpegs(path: str) -> bool:
+    with np.load(path, allow_pickle=False) as npz:
+        return any(name.endswith("_jpeg") for name in npz.files)
+
+
+def load_file(path: str, cache_dir: str | None = None) -> dict[str, np.ndarray]:
+    """Both splits of one file, decoded; JPEG files through the on-disk decode cache."""
     stat = os.stat(path)
     key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
     if key not in _DECODED:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {name: npz[name] for name in npz.files}
-        loaded = {}
-        for split in ("train", "test"):
-            images, labels, original = _split(arrays, split, path)
-            loaded.update({f"x_{split}": images, f"y_{split}": labels,
-                           f"{split}_index": original})
-        _DECODED[key] = loaded
+        if _has_jpegs(path):
+            _DECODED[key] = cached_decode(path, lambda: _decode_file(path), cache_dir)
+        else:
+            _DECODED[key] = _decode_file(path)
     return _DECODED[key]
+
+
+def prepare(cfg) -> None:
+    """Fill the decode cache before the ranks start, so they load it instead of racing to decode."""
+    for path in _paths(cfg):
+        if _has_jpegs(path):
+            cached_decode(path, lambda p=path: _decode_file(p), cfg.get("cache_dir", None))
 
 
 def join_files(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -116,7 +137,7 @@ def build(cfg, seed: int) -> DataBundle:
     num_classes = int(cfg.get("num_classes", 10))
     if num_classes < 2:
         raise ConfigError("dataset.num_classes", f"must be at least 2, got {num_classes}")
-    joined = join_files([load_file(p) for p in paths])
+    joined = join_files([load_file(p, cfg.get("cache_dir", None)) for p in paths])
     for split in ("train", "test"):
         check_labels(joined[f"y_{split}"], num_classes, f"the {split} split of {paths}")
     train_tf, test_tf = transforms_from_config(cfg, CIFAR10_MEAN, CIFAR10_STD)

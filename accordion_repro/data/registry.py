@@ -13,6 +13,9 @@ def _no_files(cfg) -> None:
     """Synthetic data is generated, so there is nothing on disk to find."""
 
 
+# Work worth doing once per machine before the ranks start (e.g. decoding JPEGs into a cache).
+_PREPARERS = {"npz": npz.prepare}
+
 _BUILDERS = {
     "cifar10": (cifar.check, cifar.build),
     "cifar100": (cifar.check, cifar.build),
@@ -38,6 +41,12 @@ def check_dataset(cfg: Mapping) -> None:
     """Fail fast, before any rank starts, on a bad name, subset or missing files."""
     check, _ = _builders(cfg)
     check(cfg)
+
+
+def prepare_dataset(cfg: Mapping) -> None:
+    """Do the dataset's one-off work (decode caches) in the launching process."""
+    _builders(cfg)
+    _PREPARERS.get(cfg.get("name"), _no_files)(cfg)
 
 
 def build_data(cfg: Mapping, seed: int) -> DataBundle:

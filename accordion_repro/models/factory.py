@@ -61,10 +61,11 @@ class ModelSpec:
 
 MODEL_SPECS: dict[str, ModelSpec] = {
     "resnet18": ModelSpec(ResNet18, "num_classes", {"width": _positive_number}),
-    "vgg19bn": ModelSpec(VGG19BN, "num_classes", {}),
-    "senet18": ModelSpec(SENet18, "num_classes", {"stage4_channels": _se_width}),
-    "densenet": ModelSpec(DenseNet, "num_classes", {}),
-    "googlenet": ModelSpec(GoogLeNet, "num_classes", {}),
+    "vgg19bn": ModelSpec(VGG19BN, "num_classes", {"width": _positive_number}),
+    "senet18": ModelSpec(SENet18, "num_classes", {"stage4_channels": _se_width,
+                                                  "width": _positive_number}),
+    "densenet": ModelSpec(DenseNet, "num_classes", {"width": _positive_number}),
+    "googlenet": ModelSpec(GoogLeNet, "num_classes", {"width": _positive_number}),
     "lstm": ModelSpec(LSTMLanguageModel, "vocab_size", {
         "num_layers": _positive_int,
         "hidden_size": _positive_int,

@@ -2,7 +2,8 @@
 
 Pre-activation bottleneck layers (BN-ReLU-1x1 conv to 4*growth, BN-ReLU-3x3 conv to growth) whose
 output is concatenated in front of their input; transitions (BN-ReLU-1x1 conv-avgpool 2) halve
-the channels. 1,000,618 parameters for 10 classes.
+the channels. 1,000,618 parameters for 10 classes. `width` multiplies the growth rate (so
+every channel count; 1.0 = the paper model).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-from .layers import GlobalPoolClassifier
+from .layers import GlobalPoolClassifier, scaled_channels
 
 
 def bn_relu_conv(in_channels: int, out_channels: int, kernel_size: int) -> nn.Sequential:
@@ -43,8 +44,9 @@ class Transition(nn.Sequential):
 
 class DenseNet(nn.Module):
     def __init__(self, num_classes: int, growth_rate: int = 12,
-                 blocks=(6, 12, 24, 16), reduction: float = 0.5):
+                 blocks=(6, 12, 24, 16), reduction: float = 0.5, width: float = 1.0):
         super().__init__()
+        growth_rate = scaled_channels(growth_rate, width)
         channels = 2 * growth_rate
         layers: list[nn.Module] = [
             nn.Conv2d(3, channels, 3, padding=1, bias=False)]

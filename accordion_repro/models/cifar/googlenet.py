@@ -1,7 +1,8 @@
 """kuangliu GoogLeNet (Inception v1 adapted to 32x32): 6,166,250 parameters for 10 classes.
 
 A 3x3 stem to 192 channels replaces the ImageNet stem; the "5x5" branch is two 3x3 convs; every
-conv has a bias and is followed by BN and ReLU.
+conv has a bias and is followed by BN and ReLU. `width` multiplies every channel count (1.0 =
+the paper model).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .layers import GlobalPoolClassifier, conv_bn
+from .layers import GlobalPoolClassifier, conv_bn, scaled_channels
 
 # (1x1, 3x3 reduce, 3x3, 5x5 reduce, 5x5, pool projection); "pool" = 3x3/2 max-pool.
 POOL = "pool"
@@ -53,15 +54,15 @@ class Inception(nn.Module):
 
 
 class GoogLeNet(nn.Module):
-    def __init__(self, num_classes: int):
+    def __init__(self, num_classes: int, width: float = 1.0):
         super().__init__()
-        layers: list[nn.Module] = [biased_conv(3, STEM_CHANNELS, 3)]
-        channels = STEM_CHANNELS
+        channels = scaled_channels(STEM_CHANNELS, width)
+        layers: list[nn.Module] = [biased_conv(3, channels, 3)]
         for entry in INCEPTION_LAYOUT:
             if entry == POOL:
                 layers.append(nn.MaxPool2d(3, stride=2, padding=1))
             else:
-                block = Inception(channels, *entry)
+                block = Inception(channels, *(scaled_channels(c, width) for c in entry))
                 layers.append(block)
                 channels = block.out_channels
         self.features = nn.Sequential(*layers)

@@ -7,6 +7,11 @@ from typing import Callable
 from torch import nn
 
 
+def scaled_channels(channels: int, width: float) -> int:
+    """Channel count after a width multiplier (CPU-sized models); never below one channel."""
+    return max(1, int(round(channels * width)))
+
+
 def conv_bn(in_channels: int, out_channels: int, kernel_size: int, *, stride: int = 1,
             bias: bool = False, relu: bool = True) -> nn.Sequential:
     """Conv -> BatchNorm (-> ReLU) with 'same' padding.

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from .layers import GlobalPoolClassifier, conv_bn, projection_shortcut, residual_stages
+from .layers import (GlobalPoolClassifier, conv_bn, projection_shortcut, residual_stages,
+                     scaled_channels)
 
 BASE_STAGE_CHANNELS = (64, 128, 256, 512)
 BLOCKS_PER_STAGE = (2, 2, 2, 2)
@@ -28,11 +29,6 @@ class BasicBlock(nn.Module):
 
     def forward(self, x):
         return self.relu(self.residual(x) + self.shortcut(x))
-
-
-def scaled_channels(channels: int, width: float) -> int:
-    """Channel count after the width multiplier; never below one channel."""
-    return max(1, int(round(channels * width)))
 
 
 class ResNet18(nn.Module):

@@ -3,18 +3,24 @@
 Differs from the kuangliu ResNet-18: every conv (including the 1x1 projection) carries a bias,
 the second conv of a block is followed by ReLU *before* squeeze-excitation, the SE gate is two
 Linear layers with reduction 16, and ReLU follows the residual sum. The official stage 4 width
-is 516 (a typo for 512); `stage4_channels` chooses between them.
+is 516 (a typo for 512); `stage4_channels` chooses between them. `width` multiplies every
+channel count (stage 4's too; 1.0 = the paper model).
+
+Submodules are registered in the official order (residual, shortcut, excitation), so the
+parameter list, and with it every per-layer level and log, lines up with the official one.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-from .layers import GlobalPoolClassifier, conv_bn, projection_shortcut, residual_stages
+from .layers import (GlobalPoolClassifier, conv_bn, projection_shortcut, residual_stages,
+                     scaled_channels)
 
 FIRST_STAGES_CHANNELS = (64, 128, 256)
 BLOCKS_PER_STAGE = (2, 2, 2, 2)
 SE_REDUCTION = 16
+MIN_SE_HIDDEN = 4
 
 
 class SqueezeExcitation(nn.Module):
@@ -22,7 +28,9 @@ class SqueezeExcitation(nn.Module):
 
     def __init__(self, channels: int, reduction: int = SE_REDUCTION):
         super().__init__()
-        hidden = channels // reduction
+        # At least 4 units: at width 1 every stage has >= 64 / 16 = 4 anyway, and a 1-unit gate
+        # of a narrow (width < 1) model is easily dead from the start.
+        hidden = max(MIN_SE_HIDDEN, channels // reduction)
         self.gate = nn.Sequential(
             nn.AdaptiveAvgPool2d(1),
             nn.Flatten(1),
@@ -43,8 +51,8 @@ class SEBasicBlock(nn.Module):
             conv_bn(in_channels, out_channels, 3, stride=stride, bias=True),
             conv_bn(out_channels, out_channels, 3, bias=True),
         )
-        self.excitation = SqueezeExcitation(out_channels)
         self.shortcut = projection_shortcut(in_channels, out_channels, stride, bias=True)
+        self.excitation = SqueezeExcitation(out_channels)
         self.relu = nn.ReLU(inplace=True)
 
     def forward(self, x):
@@ -53,9 +61,10 @@ class SEBasicBlock(nn.Module):
 
 
 class SENet18(nn.Module):
-    def __init__(self, num_classes: int, stage4_channels: int = 512):
+    def __init__(self, num_classes: int, stage4_channels: int = 512, width: float = 1.0):
         super().__init__()
-        stage_channels = [*FIRST_STAGES_CHANNELS, stage4_channels]
+        stage_channels = [scaled_channels(c, width)
+                          for c in (*FIRST_STAGES_CHANNELS, stage4_channels)]
         self.stem = conv_bn(3, stage_channels[0], 3, bias=True)
         self.stages, out_channels = residual_stages(
             SEBasicBlock, stage_channels[0], stage_channels, list(BLOCKS_PER_STAGE))

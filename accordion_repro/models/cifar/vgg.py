@@ -7,6 +7,7 @@ same for both datasets. The heads differ because the official code took them fro
 - CIFAR-100 (weiaicunzai/pytorch-cifar100): 4096-ReLU-Dropout-4096-ReLU-Dropout-classes with
   PyTorch's default init: 39,327,652 parameters.
 The head is picked from `num_classes`: 100 classes or more take the 4096-wide head.
+`width` multiplies every conv and hidden head width (1.0 = the paper model; CPU runs use less).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import math
 
 from torch import nn
 
-from .layers import conv_bn
+from .layers import conv_bn, scaled_channels
 
 POOL = "M"
 VGG19_LAYOUT = (64, 64, POOL, 128, 128, POOL, 256, 256, 256, 256, POOL,
@@ -25,39 +26,40 @@ NARROW_HEAD_WIDTH = 512
 WIDE_HEAD_WIDTH = 4096
 
 
-def vgg_trunk(layout=VGG19_LAYOUT) -> tuple[nn.Sequential, int]:
+def vgg_trunk(layout=VGG19_LAYOUT, width: float = 1.0) -> tuple[nn.Sequential, int]:
     layers: list[nn.Module] = []
     channels = 3
     for entry in layout:
         if entry == POOL:
             layers.append(nn.MaxPool2d(2, 2))
         else:
-            layers.append(conv_bn(channels, entry, 3, bias=True))
-            channels = entry
+            out = scaled_channels(entry, width)
+            layers.append(conv_bn(channels, out, 3, bias=True))
+            channels = out
     return nn.Sequential(*layers), channels
 
 
-def narrow_head(in_features: int, num_classes: int) -> nn.Sequential:
+def narrow_head(in_features: int, num_classes: int, hidden: int = NARROW_HEAD_WIDTH) -> nn.Sequential:
     return nn.Sequential(
         nn.Dropout(),
-        nn.Linear(in_features, NARROW_HEAD_WIDTH),
+        nn.Linear(in_features, hidden),
         nn.ReLU(inplace=True),
         nn.Dropout(),
-        nn.Linear(NARROW_HEAD_WIDTH, NARROW_HEAD_WIDTH),
+        nn.Linear(hidden, hidden),
         nn.ReLU(inplace=True),
-        nn.Linear(NARROW_HEAD_WIDTH, num_classes),
+        nn.Linear(hidden, num_classes),
     )
 
 
-def wide_head(in_features: int, num_classes: int) -> nn.Sequential:
+def wide_head(in_features: int, num_classes: int, hidden: int = WIDE_HEAD_WIDTH) -> nn.Sequential:
     return nn.Sequential(
-        nn.Linear(in_features, WIDE_HEAD_WIDTH),
+        nn.Linear(in_features, hidden),
         nn.ReLU(inplace=True),
         nn.Dropout(),
-        nn.Linear(WIDE_HEAD_WIDTH, WIDE_HEAD_WIDTH),
+        nn.Linear(hidden, hidden),
         nn.ReLU(inplace=True),
         nn.Dropout(),
-        nn.Linear(WIDE_HEAD_WIDTH, num_classes),
+        nn.Linear(hidden, num_classes),
     )
 
 
@@ -73,13 +75,13 @@ def he_init_convs(module: nn.Module) -> None:
 
 
 class VGG19BN(nn.Module):
-    def __init__(self, num_classes: int):
+    def __init__(self, num_classes: int, width: float = 1.0):
         super().__init__()
-        self.features, channels = vgg_trunk()
+        self.features, channels = vgg_trunk(width=width)
         if num_classes >= WIDE_HEAD_MIN_CLASSES:
-            self.classifier = wide_head(channels, num_classes)
+            self.classifier = wide_head(channels, num_classes, scaled_channels(WIDE_HEAD_WIDTH, width))
         else:
-            self.classifier = narrow_head(channels, num_classes)
+            self.classifier = narrow_head(channels, num_classes, scaled_channels(NARROW_HEAD_WIDTH, width))
             he_init_convs(self.features)
 
     def forward(self, x):
