@@ -6,10 +6,10 @@ STAMP   := $(VENV)/.installed
 RUNS    ?= results/runs
 NET     ?= 10gbit
 
-.PHONY: install test test-fast demo figures bench bench-models bench-network reproduce-cpu clean-demo help
+.PHONY: install test test-fast demo figures bench bench-models bench-network reproduce-cpu reproduce-cpu-full clean-demo help
 
 help:
-	@echo "make install | test | demo | figures [RUNS=dir NET=10gbit] | bench | bench-network | reproduce-cpu"
+	@echo "make install | test | demo | figures [RUNS=dir NET=10gbit] | bench | bench-network | reproduce-cpu | reproduce-cpu-full"
 
 $(STAMP): pyproject.toml
 	@test -x $(PYTHON) || $(PY) -m venv $(VENV)
@@ -24,7 +24,7 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PYTHON) -m pytest -q -m "not slow"
 
-# Two gloo ranks train ResNet-18 on the offline synthetic CIFAR-10 for 2 short epochs.
+# Two gloo ranks train ResNet-18 on the offline synthetic CIFAR-10 for 3 short epochs (8 steps each).
 demo: $(STAMP)
 	$(PYTHON) -m accordion_repro.train model=resnet18 dataset=synthetic_cifar10 \
 		compressor=powersgd schedule=accordion schedule.interval=1 \
@@ -46,3 +46,7 @@ bench-network: $(STAMP)
 
 reproduce-cpu: $(STAMP)
 	$(PYTHON) scripts/reproduce_cpu.py
+
+# The whole-CIFAR study (scale=cpu_full): resumable, skips finished runs, so it can run in parts.
+reproduce-cpu-full: $(STAMP)
+	$(PYTHON) scripts/reproduce_cpu.py --study cpu_full --seeds 42 43 44

@@ -8,6 +8,8 @@ rules live in one place.
 
 from __future__ import annotations
 
+import hashlib
+
 from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
@@ -16,9 +18,21 @@ from omegaconf.errors import InterpolationResolutionError
 from accordion_repro.errors import ConfigError
 
 
+MAX_SUBDIR = 200  # file systems allow 255 bytes per path component
+
+
 def _subdir(override_dirname: str) -> str:
-    """Hydra's override dirname as a path prefix ('' when there are no overrides)."""
-    return f"{override_dirname}/" if override_dirname else ""
+    """Hydra's override dirname as a path prefix ('' when there are no overrides).
+
+    A long list of overrides would make one path component longer than the file system
+    allows; it is cut and a hash of the whole list keeps different runs apart.
+    """
+    if not override_dirname:
+        return ""
+    if len(override_dirname.encode()) > MAX_SUBDIR:
+        digest = hashlib.sha256(override_dirname.encode()).hexdigest()[:12]
+        override_dirname = f"{override_dirname.encode()[:MAX_SUBDIR - 14].decode(errors='ignore')}~{digest}"
+    return f"{override_dirname}/"
 
 
 def _mul(*factors: Any) -> int:
@@ -102,6 +116,10 @@ def validate(cfg: DictConfig) -> None:
              f"must be auto, cpu or cuda, got {trainer['device']!r}")
     _require(trainer["progress"] in ("auto", "always", "never"), "trainer.progress",
              f"must be auto, always or never, got {trainer['progress']!r}")
+    _require(trainer["nan_policy"] in ("stop", "continue"), "trainer.nan_policy",
+             f"must be stop or continue, got {trainer['nan_policy']!r}")
+    _require(isinstance(trainer["allow_config_change"], bool), "trainer.allow_config_change",
+             f"must be true or false, got {trainer['allow_config_change']!r}")
     nw = trainer["num_workers"]
     _require(nw == "auto" or (isinstance(nw, int) and nw >= 0), "trainer.num_workers",
              f"must be auto or an integer >= 0, got {nw!r}")
@@ -117,9 +135,12 @@ def validate(cfg: DictConfig) -> None:
     _require(optim["reference_batch"] >= 1, "optim.reference_batch", "must be >= 1")
     clip = optim.get("clip_grad_norm")
     _require(clip is None or clip > 0, "optim.clip_grad_norm", f"must be > 0 or null, got {clip!r}")
-    from accordion_repro.engine.lr import decay_epochs
+    _require(optim["clip_point"] in ("local", "averaged"), "optim.clip_point",
+             f"must be local or averaged, got {optim['clip_point']!r}")
+    from accordion_repro.engine.lr import build_epoch_lr
 
-    decay_epochs(optim["decay_at"], trainer["epochs"])  # raises ConfigError("optim.decay_at")
+    # raises ConfigError("optim.decay_at") or ("optim.official_decay_compare")
+    build_epoch_lr(optim, total_epochs=trainer["epochs"], world_size=1, batch_size=trainer["batch_size"])
 
     _positive_int(c, "dist", "nproc_per_node")
     _require(dist["backend"] in ("auto", "gloo", "nccl"), "dist.backend",

@@ -15,3 +15,7 @@ class ConfigError(ValueError):
 
 class DatasetMissingError(FileNotFoundError):
     """The dataset files are not where the config says; the message says how to get them."""
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite; the message names the epoch and step."""

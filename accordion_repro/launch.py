@@ -3,27 +3,75 @@
 Workers receive the resolved config as a plain dict and never run Hydra, so every rank sees the
 same values. A rank that dies takes the whole job down with its rank and cause: local ranks are
 watched by torch.multiprocessing (which terminates the survivors), and under torchrun the
-elastic agent does the same.
+elastic agent does the same; summary.json then says `failed` with the rank and cause.
+
+SIGTERM (what Slurm sends before a time limit) and SIGINT stop a run cleanly: every rank
+finishes its current step, the ranks agree to stop, and the run ends as `stopped`, resumable
+from its last end-of-epoch checkpoint (the unfinished epoch is redone, so the metrics equal
+those of an uninterrupted run). A second signal ends the job at once.
+
+Inside a submitit job on Slurm (`hydra/launcher=slurm`) submitit's time-limit signal (USR2,
+`signal_delay_s` before the limit) stops the run the same way, and then submitit's own handler
+saves the job (the same Hydra job, resubmitted) and requeues it; the requeued job resumes from
+the run's checkpoint. A run stopped there, by that signal or by Slurm's SIGTERM (requeue,
+preemption, scancel), leaves without a result: a result, even "stopped", would tell the waiting
+sweep that the job is over while Slurm is about to run it again.
+
+Local ranks rendezvous through a file store and bind gloo to the loopback interface, so a
+single-host run listens on no outside address.
 """
 
 from __future__ import annotations
 
 import ctypes
 import datetime
+import json
+import logging
 import os
 import re
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from accordion_repro.errors import TrainingDiverged
+from accordion_repro.utils import atomic_write_text
+
 
 class RankFailed(RuntimeError):
     """A rank exited or raised; the message names the rank and the cause."""
+
+
+class RunStopped(RuntimeError):
+    """The run was stopped by a signal after a clean step; rerunning resumes it."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def submitit_requeue_signal() -> signal.Signals | None:
+    """Inside a submitit job on Slurm: the signal Slurm sends before the time limit (and on
+    preemption), USR2 unless SUBMITIT_PREEMPT_SIGNAL names another; None elsewhere."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm" or "SLURM_JOB_ID" not in os.environ:
+        return None
+    name = os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2").upper()
+    return getattr(signal, name if name.startswith("SIG") else f"SIG{name}", None)
+
+
+def stop_signals() -> tuple:
+    """The signals that stop a run after its current step, here."""
+    requeue = submitit_requeue_signal()
+    return STOP_SIGNALS + ((requeue,) if requeue and requeue not in STOP_SIGNALS else ())
 
 
 def _slurm_env() -> dict | None:
@@ -104,20 +152,33 @@ def _limit_threads(local_world: int) -> None:
 
 
 def _run(cfg: dict, run_dir: Path) -> None:
+    from accordion_repro.engine import stop
     from accordion_repro.engine.trainer import Trainer
 
-    Trainer(cfg, run_dir).fit()
+    stop.install(stop_signals())
+    try:
+        Trainer(cfg, run_dir).fit()
+    except TrainingDiverged as exc:
+        raise RankFailed(str(exc)) from None
+
+
+def _loopback(addr: str) -> bool:
+    return addr in ("127.0.0.1", "localhost", "::1")
 
 
 def _spawned_worker(local_rank: int, cfg: dict, run_dir: str, world_size: int, addr: str,
-                    port: int) -> None:
-    os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(local_rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank),
-                      LOCAL_WORLD_SIZE=str(world_size))
+                    store_file: str) -> None:
+    os.environ.update(RANK=str(local_rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(world_size))
+    if _loopback(addr):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     _die_with_parent()
     _limit_threads(world_size)
-    dist.init_process_group(backend=resolve_backend(cfg), init_method="env://", rank=local_rank,
-                            world_size=world_size,
+    if local_rank == 0:
+        _rank0_logging(Path(run_dir))
+    dist.init_process_group(backend=resolve_backend(cfg), init_method=f"file://{store_file}",
+                            rank=local_rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=int(cfg["dist"]["timeout_s"])))
     try:
         _run(cfg, Path(run_dir))
@@ -125,9 +186,87 @@ def _spawned_worker(local_rank: int, cfg: dict, run_dir: str, world_size: int, a
         dist.destroy_process_group()
 
 
+def _rank0_logging(run_dir: Path) -> None:
+    """Spawned ranks do not inherit Hydra's logging set-up: rank 0 prints the epoch lines and
+    appends them to Hydra's job log (train.log), as an in-process run does."""
+    logger = logging.getLogger("accordion_repro")
+    if logger.handlers:
+        return
+    console = logging.StreamHandler(sys.stdout)
+    console.setFormatter(logging.Formatter("%(message)s"))
+    job_log = logging.FileHandler(run_dir / "train.log")
+    job_log.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    logger.addHandler(console)
+    logger.addHandler(job_log)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def _summary_status(run_dir: Path) -> dict:
+    try:
+        return json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _raise_if_stopped(run_dir: Path) -> None:
+    summary = _summary_status(run_dir)
+    if summary.get("status") == "stopped" and summary.get("stop_signal"):
+        signum = int(summary["stop_signal"])
+        raise RunStopped(f"stopped: {summary.get('stopped', 'by a signal')}; rerun the same "
+                         f"command to resume", 128 + signum)
+
+
+def _leave_stopped_submitit_job(run_dir: Path, submitit_handler, leader: bool) -> None:
+    """Under submitit on Slurm, end a run that a signal stopped without returning a result.
+
+    The leader (rank 0, or the process that spawned the local ranks) reads the signal the
+    ranks agreed on from summary.json; another rank goes by the signal it got itself (Slurm
+    signals every task). After the time-limit signal the leader hands over to submitit's
+    handler, which pickles the job for its next start, runs `scontrol requeue` and exits
+    (or, with no requeue left, raises, which the sweep reports). After SIGTERM or SIGINT,
+    Slurm itself is ending the job: exit 128 + signal, with no result.
+    """
+    requeue = submitit_requeue_signal()
+    if requeue is None:
+        return
+    from accordion_repro.engine import stop
+
+    summary = _summary_status(run_dir) if leader else {}
+    if leader:
+        signum = int(summary.get("stop_signal") or 0) if summary.get("status") == "stopped" else 0
+    else:
+        signum = stop.requested()
+    if not signum:
+        return
+    name = signal.Signals(signum).name
+    where = summary.get("stopped") or f"by {name}"
+    if signum == requeue and leader and callable(submitit_handler):
+        print(f"stopped: {where}; submitit requeues job {os.environ['SLURM_JOB_ID']}, which "
+              f"resumes from the last checkpoint", file=sys.stderr, flush=True)
+        submitit_handler(signum, None)  # checkpoint + scontrol requeue + exit
+    print(f"stopped: {where}; leaving without a result (Slurm requeues or ends job "
+          f"{os.environ['SLURM_JOB_ID']})", file=sys.stderr, flush=True)
+    raise SystemExit(128 + signum)
+
+
+def mark_failed(run_dir: Path, message: str) -> None:
+    """Record a failure the ranks could not record themselves (a rank killed, a lost peer)."""
+    path = Path(run_dir) / "summary.json"
+    summary = _summary_status(run_dir)
+    if not summary or summary.get("status") == "completed":
+        return
+    summary.update(status="failed", error=message.splitlines()[0])
+    atomic_write_text(path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+
+
 def launch(cfg: dict, run_dir: Path) -> None:
-    """Run the job described by a resolved config; raise RankFailed if any rank fails."""
+    """Run the job described by a resolved config; raise RankFailed if any rank fails and
+    RunStopped if a signal stopped it."""
     launcher = cfg["dist"]["launcher"]
+    # submitit's time-limit handler, before the ranks make its signal a stop request.
+    requeue = submitit_requeue_signal()
+    submitit_handler = signal.getsignal(requeue) if requeue else None
     if launcher in ("auto", "env") and env_world_size() is not None:
         _join_env_group(resolve_backend(cfg), int(cfg["dist"]["timeout_s"]))
         _limit_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
@@ -135,6 +274,9 @@ def launch(cfg: dict, run_dir: Path) -> None:
             _run(cfg, run_dir)
         finally:
             dist.destroy_process_group()
+        _leave_stopped_submitit_job(run_dir, submitit_handler, leader=env_rank() == 0)
+        if env_rank() == 0:
+            _raise_if_stopped(run_dir)
         return
     if launcher == "env":
         raise RankFailed("dist.launcher=env but neither torchrun (RANK, WORLD_SIZE) nor Slurm "
@@ -142,29 +284,48 @@ def launch(cfg: dict, run_dir: Path) -> None:
     nproc = int(cfg["dist"]["nproc_per_node"])
     if nproc == 1:
         _run(cfg, run_dir)
+        _leave_stopped_submitit_job(run_dir, submitit_handler, leader=True)
+        _raise_if_stopped(run_dir)
         return
-    port = int(cfg["dist"]["master_port"] or free_port())
-    context = mp.start_processes(_spawned_worker, args=(cfg, str(run_dir), nproc, cfg["dist"]["master_addr"], port),
+    with tempfile.TemporaryDirectory(prefix="accordion-store-") as store_dir:
+        _spawn(cfg, run_dir, nproc, os.path.join(store_dir, "store"))
+    _leave_stopped_submitit_job(run_dir, submitit_handler, leader=True)
+    _raise_if_stopped(run_dir)
+
+
+def _spawn(cfg: dict, run_dir: Path, nproc: int, store_file: str) -> None:
+    context = mp.start_processes(_spawned_worker, args=(cfg, str(run_dir), nproc,
+                                                        cfg["dist"]["master_addr"], store_file),
                                  nprocs=nproc, join=False, start_method="spawn")
-    previous = signal.signal(signal.SIGTERM, _raise_system_exit)
+    signals = {"count": 0}
+
+    def forward(signum, frame):
+        """First signal: ask every rank to stop after its step. Second: end them now."""
+        signals["count"] += 1
+        for process in context.processes:
+            if process.is_alive():
+                os.kill(process.pid, signum if signals["count"] == 1 else signal.SIGKILL)
+
+    previous = {sig: signal.signal(sig, forward) for sig in stop_signals()}
     try:
         while not context.join():
             pass
     except mp.ProcessRaisedException as exc:
         cause = str(exc).strip().splitlines()
-        raise RankFailed(f"rank {exc.error_index} failed: {cause[-1] if cause else exc}\n{exc}") from None
+        message = f"rank {exc.error_index} failed: {cause[-1] if cause else exc}"
+        mark_failed(run_dir, message)
+        raise RankFailed(f"{message}\n{exc}") from None
     except mp.ProcessExitedException as exc:
-        raise RankFailed(f"rank {exc.error_index} died: {exc}") from None
+        message = f"rank {exc.error_index} died: {exc}"
+        mark_failed(run_dir, message)
+        raise RankFailed(message) from None
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        for process in context.processes:  # on Ctrl-C or SIGTERM, leave no rank behind
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for process in context.processes:  # leave no rank behind
             if process.is_alive():
                 process.terminate()
                 process.join(10)
-
-
-def _raise_system_exit(signum, frame):
-    raise SystemExit(128 + signum)
 
 
 def _die_with_parent() -> None:

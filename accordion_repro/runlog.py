@@ -52,17 +52,35 @@ class RunLogger:
         )
 
     def truncate_from(self, epoch: int) -> None:
-        """Forget metrics of epochs >= epoch (they will be recomputed after a resume)."""
+        """Forget metrics of epochs >= epoch (they will be recomputed after a resume).
+
+        A last line that does not parse is the torn tail of an append the process died in: it
+        is dropped with the rest. An unparsable line before the last is damage, not a crash,
+        and stops the job naming the line.
+        """
         if not self.metrics_path.exists():
             return
-        kept = [line for line in self.metrics_path.read_text().splitlines()
-                if line.strip() and json.loads(line)["epoch"] < epoch]
+        lines = [line for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        kept = []
+        for number, line in enumerate(lines, start=1):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                if number == len(lines):
+                    break
+                raise RuntimeError(f"{self.metrics_path} line {number} is not JSON; the log is "
+                                   f"damaged (not a torn last line): fix or remove it, or rerun "
+                                   f"with trainer.resume=never") from None
+            if record["epoch"] < epoch:
+                kept.append(line)
         atomic_write_text(self.metrics_path, "".join(line + "\n" for line in kept))
 
     def log_epoch(self, record: dict) -> None:
         record = _jsonable(record)
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(record, sort_keys=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
         if self._wandb is not None:
             flat = {k: v for k, v in record.items() if isinstance(v, (int, float)) and v is not None}
             self._wandb.log(flat, step=record["epoch"])
@@ -72,6 +90,12 @@ class RunLogger:
         atomic_write_text(self.summary_path, json.dumps(self.summary, indent=2, sort_keys=True) + "\n")
         if self._wandb is not None:
             self._wandb.summary.update({k: v for k, v in fields.items() if isinstance(v, (int, float, str))})
+
+    def forget(self, *keys: str) -> None:
+        """Drop summary fields that no longer hold (e.g. a stop that the resume got past)."""
+        for key in keys:
+            self.summary.pop(key, None)
+        atomic_write_text(self.summary_path, json.dumps(self.summary, indent=2, sort_keys=True) + "\n")
 
     def close(self) -> None:
         if self._wandb is not None:

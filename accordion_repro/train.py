@@ -8,48 +8,71 @@ requeued or resumed job finds its own checkpoint.
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from accordion_repro import config as config_module
 from accordion_repro.data import prepare_dataset
+from accordion_repro.engine.checkpoint import CheckpointError
 from accordion_repro.errors import ConfigError, DatasetMissingError
-from accordion_repro.launch import RankFailed, env_rank, launch
+from accordion_repro.launch import RankFailed, RunStopped, env_rank, launch
+from accordion_repro.rundir import ConfigMismatch, RunDirectoryInUse, check_existing_run, run_lock
 from accordion_repro.utils import atomic_write_text
 
-log = logging.getLogger("accordion_repro")
+# Errors the user fixes on the command line: one line, exit 2, nothing started or changed.
+USER_ERRORS = (ConfigError, DatasetMissingError, CheckpointError, ConfigMismatch, RunDirectoryInUse)
 
 
 def run(cfg: DictConfig, run_dir: Path) -> Path:
-    """Validate, write resolved.yaml, start the ranks. Usable without Hydra (tests, scripts)."""
+    """Validate, check the run directory, start the ranks. Usable without Hydra (tests, scripts).
+
+    Everything that can refuse the job (config values, dataset contents, another job on the
+    directory, a changed config, an unreadable checkpoint) is checked before resolved.yaml is
+    written and before any rank starts. Under torchrun or Slurm, rank 0 does the checks; the
+    other ranks wait for it in the process-group rendezvous.
+    """
     config_module.validate(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved.pop("hydra", None)
-    if env_rank() == 0:
-        atomic_write_text(run_dir / "resolved.yaml", OmegaConf.to_yaml(OmegaConf.create(resolved)))
+    run_dir = Path(run_dir)
+    if env_rank() != 0:
+        launch(resolved, run_dir)
+        return run_dir
+    with run_lock(run_dir):
+        change = check_existing_run(run_dir, resolved)
         prepare_dataset(resolved["dataset"])
-    launch(resolved, run_dir)
+        atomic_write_text(run_dir / "resolved.yaml", OmegaConf.to_yaml(OmegaConf.create(resolved)))
+        launch({**resolved, "_config_change": change}, run_dir)
     return run_dir
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
     try:
         run(cfg, run_dir)
-    except (ConfigError, DatasetMissingError) as exc:
+    except USER_ERRORS + (RankFailed, RunStopped) as exc:
+        if multirun:
+            # Hydra reports the failed job with its overrides and still runs the other jobs.
+            raise JobFailed(str(exc)) from None
+        if isinstance(exc, RunStopped):
+            print(str(exc), file=sys.stderr)
+            sys.exit(exc.exit_code)
         print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    except RankFailed as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(1)
-    print(f"run directory: {run_dir}")
+        sys.exit(2 if isinstance(exc, USER_ERRORS) else 1)
+    if env_rank() == 0:
+        print(f"run directory: {run_dir}")
+
+
+class JobFailed(RuntimeError):
+    """One job of a sweep was refused or failed; the message says why."""
 
 
 def expand_experiment_globs(argv: list[str]) -> list[str]:

@@ -12,6 +12,7 @@ import statistics
 import warnings
 from pathlib import Path
 
+import matplotlib.ticker
 import pytest
 import yaml
 
@@ -29,28 +30,34 @@ def write_run(root: Path, name: str, *, table="table1", figure=None, model="resn
               dataset="synthetic_cifar10", compressor="powersgd", rank=2, accs=(50.0, 60.0, 70.0),
               metric="test_acc", floats=1000, bytes_per_float=4, epoch_time=2.0, compute=1.5,
               steps=10, collectives=6, world_size=2, status="completed", layers=3,
-              critical=None, global_batch=None) -> Path:
-    """A run directory as the trainer writes it; epoch e's accuracy is accs[e]."""
+              critical=None, global_batch=None, schedule=None, lrs=None, lr_scales=None,
+              data=None, width=None, critical_model=None) -> Path:
+    """A run directory as the trainer writes it; epoch e's accuracy is accs[e].
+    schedule: keys that replace the default static schedule's; lrs / lr_scales / critical_model:
+    per-epoch values; data: summary.json's data description; width: model.width."""
     run_dir = root / name
     run_dir.mkdir(parents=True)
     config = {"run": {"name": f"{table or figure}/{model}_{method}", "table": table,
                       "figure": figure, "method": method, "label": label},
               "seed": seed, "scale": {"name": scale, "epochs_factor": 1},
-              "model": {"name": model}, "dataset": {"name": dataset, "subset": 0.1},
+              "model": {"name": model, **({"width": width} if width is not None else {})},
+              "dataset": {"name": dataset, "subset": 0.1},
               "compressor": {"name": compressor, "rank": rank},
-              "schedule": {"name": "static", "low": rank, "high": 1},
+              "schedule": {"name": "static", "low": rank, "high": 1, **(schedule or {})},
               "trainer": {"epochs": len(accs)}, "dist": {"world_size": world_size}}
     (run_dir / "resolved.yaml").write_text(yaml.safe_dump(config))
     lines = []
     for epoch, value in enumerate(accs):
         floats_sent = floats * (epoch + 1)
-        record = {"epoch": epoch, "lr": 0.1, "train_loss": 1.0, "test_loss": 1.0, metric: value,
+        record = {"epoch": epoch, "lr": lrs[epoch] if lrs else 0.1, "train_loss": 1.0, "test_loss": 1.0, metric: value,
                   "steps": steps, "batch_size": 128, "floats_sent": floats_sent,
                   "bytes_sent": floats_sent * bytes_per_float, "collectives": collectives,
                   "epoch_time_s": epoch_time, "compute_time_s": compute,
                   "comm_time_s": epoch_time - compute, "levels": {str(rank): layers},
                   "layer_levels": [rank] * layers,
                   "critical_layers": (critical[epoch] if critical else 0),
+                  "critical_model": critical_model[epoch] if critical_model else None,
+                  "lr_scale": lr_scales[epoch] if lr_scales else 1.0,
                   "global_batch": (global_batch[epoch] if global_batch else 256),
                   "detector": {"checked": True, "ratios": [None] * layers, "lr_rule": False,
                                "norms": [float(10 * (layer + 1) / (epoch + 1))
@@ -58,7 +65,8 @@ def write_run(root: Path, name: str, *, table="table1", figure=None, model="resn
         lines.append(json.dumps(record))
     (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     summary = {"num_params": 1234, "world_size": world_size, "status": status,
-               f"final_{metric}": accs[-1], "epochs_completed": len(accs)}
+               f"final_{metric}": accs[-1], "epochs_completed": len(accs),
+               **({"data": data} if data is not None else {})}
     (run_dir / "summary.json").write_text(json.dumps(summary))
     return run_dir
 
@@ -274,6 +282,19 @@ def test_rebuilt_tables_are_byte_identical_and_leave_no_temporary_files(tmp_path
     assert produced == paths and len(paths) == 18    # 6 tables x 3 formats, no .tmp leftovers
 
 
+def _spans(axes) -> list[tuple[float, float]]:
+    return [(p.get_x(), p.get_x() + p.get_width()) for p in axes.patches if p.get_gid() == "critical"]
+
+
+def _legend(axes) -> list[str]:
+    return [text.get_text() for text in axes.get_legend().get_texts()]
+
+
+NPZ_DATA = ("npz[cifar10_lossless_5k.npz, cifar10_jpeg_train10k_test10k.npz]: 3072 train / "
+            "10000 test images, 10 classes (subset 3072 -> 3072 of 14000, augment on)")
+ACCORDION = {"name": "accordion", "low": 2, "high": 1, "statistic": "mean"}
+
+
 def _figure_runs(root: Path):
     critical = (3, 3, 0, 0, 3)
     for method in ("high_inside", "high_outside", "accordion"):
@@ -315,9 +336,9 @@ def test_figure_titles_say_scale_and_data_and_axes_have_units(tmp_path):
     trace, accuracy = fig2.axes[:2]
     assert "accordion" in trace.get_title()          # the detector trace prefers Accordion
     assert len(trace.lines) == 3 and trace.get_yscale() == "log"
-    # flags logged at the end of epochs 0, 1 and 4 hold for epochs 1-2 and 5
-    assert [tuple(p.get_x() + w for w in (0, p.get_width())) for p in trace.patches] == [
-        (0.5, 2.5), (4.5, 5.5)]
+    # flags logged at the end of epochs 0, 1 and 4 hold for epochs 1-2 and 5; epoch 5 never ran,
+    # and a static schedule's epoch 0 is not critical
+    assert _spans(trace) == [(0.5, 2.5)]
     assert accuracy.get_ylabel() == "Test accuracy (%)" and accuracy.get_xlabel() == "Epoch"
     assert [t.get_text() for t in accuracy.get_legend().get_texts()] == [
         "Rank 1 only inside critical regimes (n=1)", "Rank 1 only outside critical regimes (n=1)",
@@ -333,6 +354,159 @@ def test_figure_titles_say_scale_and_data_and_axes_have_units(tmp_path):
     tradeoff = figures.tradeoff_figure(TABLES["table1"], runs, table_frame)
     assert "Table 1" in tradeoff.get_suptitle() and "scale cpu" in tradeoff.get_suptitle()
     assert "millions" in tradeoff.axes[0].get_xlabel()
+
+
+def test_norm_trace_shades_epoch_zero_marks_lr_decays_and_explains_itself(tmp_path):
+    from accordion_repro.analysis import figures
+
+    # Accordion starts critical (epoch 0 at rank 2, its low level); the flags logged at the
+    # end of epochs 2 and 4 make epochs 3 and 5 critical; the LR warms up, then decays at 3 and 5.
+    write_run(tmp_path / "runs", "fig2/accordion", table=None, figure="fig2", method="accordion",
+              schedule=ACCORDION, accs=(10.0, 20.0, 30.0, 40.0, 50.0, 60.0),
+              critical=(0, 0, 3, 0, 3, 0), lrs=(0.05, 0.1, 0.1, 0.01, 0.01, 0.001))
+    frame = collect_runs(tmp_path / "runs").frame
+    trace = figures.figure2(frame).axes[0]
+    assert _spans(trace) == [(-0.5, 0.5), (2.5, 3.5), (4.5, 5.5)]
+    decays = [line.get_xdata()[0] for line in trace.lines if line.get_gid() == "lr_decay"]
+    assert decays == [2.5, 4.5]          # between the last epoch at the old LR and the first at the new
+    legend = _legend(trace)
+    assert legend[0].startswith("shaded: epochs run critical") and "rank 2" in legend[0]
+    assert legend[1] == "LR decay (from epoch 3, 5)" and legend[2] == "one line per layer"
+    assert trace.get_ylabel() == "Norm of the epoch's mean step gradient (L2)"
+    locator = trace.xaxis.get_major_locator()
+    assert isinstance(locator, matplotlib.ticker.MaxNLocator) and locator._integer
+
+    # No critical epoch and a constant LR: neither shading nor decay lines, nor their legend entries.
+    write_run(tmp_path / "quiet", "fig2/high_inside", table=None, figure="fig2",
+              method="high_inside", accs=(10.0, 20.0, 30.0))
+    quiet = figures.figure2(collect_runs(tmp_path / "quiet").frame).axes[0]
+    assert _spans(quiet) == [] and _legend(quiet) == ["one line per layer"]
+    assert not [line for line in quiet.lines if line.get_gid() == "lr_decay"]
+
+
+def test_batch_schedule_lr_scale_is_no_decay_and_model_flags_shade(tmp_path):
+    from accordion_repro.analysis import figures
+
+    # B_high epochs run at 8x the LR (lr_scale 8); going back to B_low is no LR decay.
+    write_run(tmp_path / "runs", "fig2/accordion", table=None, figure="fig2", method="accordion",
+              compressor="none", schedule={"name": "batch_accordion", "low": 64, "high": 512},
+              accs=(10.0, 20.0, 30.0, 40.0), global_batch=(64, 512, 64, 64),
+              lrs=(0.1, 0.8, 0.1, 0.01), lr_scales=(1, 8, 1, 1),
+              critical_model=(False, True, False, False))
+    trace = figures.figure2(collect_runs(tmp_path / "runs").frame).axes[0]
+    assert [line.get_xdata()[0] for line in trace.lines if line.get_gid() == "lr_decay"] == [2.5]
+    assert _spans(trace) == [(-0.5, 0.5), (1.5, 2.5)]
+    assert "small batch B 64" in _legend(trace)[0]
+
+
+def test_every_epoch_axis_has_integer_ticks(tmp_path):
+    from accordion_repro.analysis import figures
+
+    _figure_runs(tmp_path / "runs")
+    frame = collect_runs(tmp_path / "runs").frame
+    built = [figures.figure2(frame[frame["run.figure"] == "fig2"]),
+             figures.figure10(frame[frame["run.figure"] == "fig10"])]
+    epoch_axes = [axes for figure in built for axes in figure.axes if axes.get_xlabel() == "Epoch"]
+    assert len(epoch_axes) == 3
+    for axes in epoch_axes:
+        locator = axes.xaxis.get_major_locator()
+        assert isinstance(locator, matplotlib.ticker.MaxNLocator) and locator._integer
+        assert all(float(tick).is_integer() for tick in axes.get_xticks())
+
+
+def test_legends_list_only_methods_with_runs(tmp_path):
+    from accordion_repro.analysis import figures
+    from accordion_repro.analysis.summarize import summarize_runs
+
+    _table1_resnet_runs(tmp_path / "runs")      # no dense run, no VGG or SENet
+    frame = collect_runs(tmp_path / "runs").frame
+    tradeoff = figures.tradeoff_figure(TABLES["table1"], summarize_runs(frame), frame)
+    assert _legend(tradeoff.axes[0]) == ["resnet18", "Rank 2", "Rank 1", "Accordion 2<->1"]
+
+    write_run(tmp_path / "fig9", "fig9/rank4", table=None, figure="fig9", model="vgg19bn",
+              method="rank4", rank=4)
+    fig9 = figures.figure9(collect_runs(tmp_path / "fig9").frame)
+    assert _legend(fig9.axes[0]) == ["Rank 4 (n=1)"]
+
+
+def _batch_runs(root: Path, table="table5", figure=None):
+    """Batch-size runs at scale cpu: B_low 64 and B_high 512 global (the paper's 512 / 4096)."""
+    schedule = {"name": "batch_accordion", "low": 64, "high": 512}
+    write_run(root, f"{table or figure}/low", table=table, figure=figure, method="static_low",
+              label="B 512", compressor="none", schedule={"name": "static"},
+              global_batch=(64, 64, 64))
+    write_run(root, f"{table or figure}/high", table=table, figure=figure, method="static_high",
+              label="B 4096", compressor="none", schedule=schedule, global_batch=(512, 512, 512))
+    write_run(root, f"{table or figure}/acc", table=table, figure=figure, method="accordion",
+              label="Accordion 512<->4096", compressor="none", schedule=schedule,
+              global_batch=(64, 512, 64), critical_model=(True, False, False))
+
+
+def test_batch_labels_give_the_batch_sizes_run(tmp_path):
+    from accordion_repro.analysis import figures
+
+    _batch_runs(tmp_path / "runs")
+    quiet_build(tmp_path / "runs", tmp_path / "out", figures=True)
+    labels = {(row["model"], row["method"]): row["label"]
+              for row in read_csv(tmp_path / "out/tables/table5.csv")}
+    assert labels[("resnet18", "static_low")] == "B 64 (paper: B 512)"
+    assert labels[("resnet18", "static_high")] == "B 512 (paper: B 4096)"
+    assert labels[("resnet18", "accordion")] == "Accordion 64<->512 (paper: Accordion 512<->4096)"
+    assert labels[("densenet", "static_low")] == "B 512"     # no run: the paper's label stays
+    markdown = (tmp_path / "out/tables/table5.md").read_text()
+    assert "| resnet18 | B 64 (paper: B 512) |" in markdown
+    assert r"Accordion 64$\leftrightarrow$512" in (tmp_path / "out/tables/table5.tex").read_text()
+
+    runs = collect_runs(tmp_path / "runs").frame
+    from accordion_repro.analysis.summarize import summarize_runs
+    tradeoff = figures.tradeoff_figure(TABLES["table5"], summarize_runs(runs), runs)
+    assert _legend(tradeoff.axes[0]) == ["resnet18", "B 64", "B 512", "Accordion 64<->512"]
+
+    _batch_runs(tmp_path / "fig10", table=None, figure="fig10")
+    fig10 = figures.figure10(collect_runs(tmp_path / "fig10").frame)
+    assert _legend(fig10.axes[0]) == ["B 64 (n=1)", "B 512 (n=1)", "Accordion 64<->512 (n=1)",
+                                      "global batch size (right axis)"]
+    title = " ".join(fig10.get_suptitle().split())
+    assert ("differs from the paper: synthetic CIFAR-10 stand-in for CIFAR-10; global batch sizes "
+            "run 64 / 512 (B 64, B 512, Accordion 64<->512) vs the paper's 512 / 16,384") in title
+
+
+def test_paper_figures_state_scale_data_width_and_stand_ins(tmp_path):
+    from accordion_repro.analysis import figures
+
+    for method in ("rank4", "accordion_4_1"):
+        write_run(tmp_path / "npz", f"fig9/{method}", table=None, figure="fig9", model="vgg19bn",
+                  method=method, rank=4, dataset="npz", data=NPZ_DATA, width=0.25)
+    title = " ".join(figures.figure9(collect_runs(tmp_path / "npz").frame).get_suptitle().split())
+    assert "scale cpu; runs on npz; reduced models: vgg19bn (width=0.25)" in title
+    assert ("data: npz[cifar10_lossless_5k.npz, cifar10_jpeg_train10k_test10k.npz]: 3072 train / "
+            "10000 test images, 10 classes; 3 epochs") in title
+    assert "differs from the paper: CIFAR-10 stand-in for CIFAR-100" in title
+
+    write_run(tmp_path / "c100", "fig9/rank4", table=None, figure="fig9", model="vgg19bn",
+              method="rank4", rank=4, dataset="cifar100", scale="paper")
+    title = " ".join(figures.figure9(collect_runs(tmp_path / "c100").frame).get_suptitle().split())
+    assert "scale paper; runs on cifar100; models at paper size" in title
+    assert "stand-in" not in title and "differs from the paper" not in title
+
+    _figure_runs(tmp_path / "synthetic")
+    frame = collect_runs(tmp_path / "synthetic").frame
+    title = " ".join(figures.figure2(frame[frame["run.figure"] == "fig2"]).get_suptitle().split())
+    assert "synthetic CIFAR-10 stand-in for CIFAR-10" in title
+    assert "models at paper size data: synthetic_cifar10; 5 epochs" in title
+
+
+def test_new_figure_elements_rebuild_byte_identical(tmp_path):
+    _figure_runs(tmp_path / "runs")
+    write_run(tmp_path / "runs", "fig2/trace", table=None, figure="fig2", method="accordion",
+              schedule=ACCORDION, accs=(10.0, 20.0, 30.0, 40.0), critical=(3, 0, 3, 0),
+              lrs=(0.05, 0.1, 0.01, 0.01), data=NPZ_DATA, dataset="npz", width=0.25)
+    _batch_runs(tmp_path / "runs", table=None, figure="fig10")
+    written = quiet_build(tmp_path / "runs", tmp_path / "out", figures=True)
+    paths = [path for key in ("fig2", "fig10") for path in written[key]]
+    first = {path: path.read_bytes() for path in paths}
+    quiet_build(tmp_path / "runs", tmp_path / "out", figures=True)
+    assert {path: path.read_bytes() for path in paths} == first
 
 
 def test_command_line_entry_point(tmp_path, capsys):

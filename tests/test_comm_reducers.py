@@ -201,3 +201,50 @@ def test_resumed_powersgd_matches_bit_for_bit_on_real_layer_shapes():
         original.reduce(a)
         restored.reduce(b)
         assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def _capture_sent(reducer) -> list[int]:
+    """Sizes of the buffers the reducer hands to its all-gather (one worker: the gather is free)."""
+    sizes, gather = [], reducer.comm.all_gather
+
+    def recording(local, stats):
+        sizes.append(local.numel())
+        return gather(local, stats)
+
+    reducer.comm.all_gather = recording
+    return sizes
+
+
+@pytest.mark.parametrize("official", [False, True])
+def test_topk_ratio_below_one_entry_per_layer(official):
+    """ratio 0.005: int(0.005 * 120) = 0 for the (10, 12) layer, 10 for the (50, 40) one. Ours
+    still sends that layer's largest entry; the released code (official_topk) sends nothing."""
+    grads = shapes_params((50, 40), (7,), (10, 12), seed=10)
+    reducer = build_reducer("topk", grads, ratio=0.005, official_topk=official)
+    sent = _capture_sent(reducer)
+    out = [g.clone() for g in grads]
+    stats = reducer.reduce(out)
+    small = grads[2].view(-1)
+    if official:
+        assert sent == [2 * 10]
+        assert stats.floats_sent == reducer.floats_per_step() == 2 * 10 + 7
+        assert torch.equal(out[2], torch.zeros_like(grads[2]))
+        assert reducer.memory == [None, None]
+    else:
+        assert sent == [2 * (10 + 1)]
+        assert stats.floats_sent == reducer.floats_per_step() == 2 * 10 + 7 + 2 * 1
+        largest = small.abs().argmax()
+        assert out[2].view(-1).nonzero().view(-1).tolist() == [largest.item()]
+        assert out[2].view(-1)[largest] == small[largest]
+        torch.testing.assert_close(reducer.memory[1].view(-1) + out[2].view(-1), small)
+    assert out[0].view(-1).count_nonzero() == 10 and torch.equal(out[1], grads[1])
+
+
+def test_official_topk_with_every_layer_below_one_entry_sends_nothing():
+    grads = shapes_params((10, 12), (4, 5), seed=11)
+    reducer = build_reducer("topk", grads, ratio=0.001, official_topk=True)
+    sent = _capture_sent(reducer)
+    out = [g.clone() for g in grads]
+    stats = reducer.reduce(out)
+    assert sent == [] and stats.floats_sent == 0 == reducer.floats_per_step()
+    assert all(torch.equal(o, torch.zeros_like(o)) for o in out)

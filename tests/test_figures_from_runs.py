@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
+import yaml
+
 from accordion_repro.analysis import build_all
+from accordion_repro.analysis.collect import collect_runs
 from conftest import read_metrics, train
 
 TINY = ["scale=cpu", "dataset=synthetic_cifar10", "dataset.train_size=64", "dataset.test_size=32",
@@ -25,6 +28,7 @@ TINY = ["scale=cpu", "dataset=synthetic_cifar10", "dataset.train_size=64", "data
 TABLE1 = {"dense": [42, 43], "static_low": [42, 43], "static_high": [42], "accordion": [42]}
 FIGURES = ["fig2/resnet18_high_inside", "fig2/resnet18_high_outside", "fig2/resnet18_accordion",
            "fig10/resnet18_static_low", "fig10/resnet18_accordion"]
+OTHER = ["table5/resnet18_batch_accordion"]   # a batch-size cell: its label comes from the run
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +40,7 @@ def runs(tmp_path_factory) -> dict:
             preset = f"table1/resnet18_powersgd_{method}"
             made.setdefault(method, []).append(
                 train([f"experiment={preset}", f"seed={seed}", *TINY], root / preset / f"seed{seed}"))
-    for preset in FIGURES:
+    for preset in FIGURES + OTHER:
         windows = ["schedule.windows=[[0,1]]"] if "high_" in preset else []  # 3 epochs: one window
         train([f"experiment={preset}", *TINY, *windows], root / preset / "seed42")
     return {"root": root, "table1": made}
@@ -61,7 +65,7 @@ def test_every_table_and_figure_is_built_from_trainer_runs(runs, tmp_path):
         assert {p.suffix for p in written[fig]} == {".png", ".pdf"}
     assert any(key.startswith("table1") and "tradeoff" in key for key in written)
     # A table without runs names the presets to run instead of failing.
-    assert "table5/resnet18_batch_accordion" in (tmp_path / "out/tables/table5.md").read_text()
+    assert "table5/densenet_batch_accordion" in (tmp_path / "out/tables/table5.md").read_text()
     # The runs used a reduced ResNet-18, and the table says so.
     assert "Reduced models: resnet18 (width=0.125)" in (tmp_path / "out/tables/table1.md").read_text().splitlines()[0]
 
@@ -93,3 +97,52 @@ def test_table1_numbers_equal_the_runs_metrics(runs, tmp_path):
     assert float(rows["static_low"]["official_final"]) == 94.49  # the official log's rank-2 run
     # rank 1 sends fewer floats than rank 2, and the dense baseline many more
     assert float(rows["static_high"]["floats_m"]) < float(rows["static_low"]["floats_m"]) < float(rows["dense"]["floats_m"])
+
+
+def _schedule(run_dir: Path) -> dict:
+    return yaml.safe_load((run_dir / "resolved.yaml").read_text())["schedule"]
+
+
+def test_figures_and_batch_labels_follow_what_the_trainer_logged(runs, tmp_path):
+    from accordion_repro.analysis import figures
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        frame = collect_runs(runs["root"]).frame
+        build_all(runs["root"], tmp_path / "out", net="10gbit", figures=False)
+
+    # Figure 2(a): the Accordion run's trace; epoch 0 always starts at low compression, so it is
+    # shaded; the LR decays are where the logged LR drops.
+    fig2 = figures.figure2(frame[frame["run.figure"] == "fig2"])
+    trace = fig2.axes[0]
+    accordion = runs["root"] / "fig2/resnet18_accordion/seed42"
+    metrics = read_metrics(accordion)
+    assert metrics[0]["levels"] == {str(_schedule(accordion)["low"]): sum(metrics[0]["levels"].values())}
+    spans = [(p.get_x(), p.get_x() + p.get_width()) for p in trace.patches if p.get_gid() == "critical"]
+    assert spans and spans[0][0] == -0.5
+    drops = [m["epoch"] - 0.5 for previous, m in zip(metrics, metrics[1:]) if m["lr"] < previous["lr"]]
+    assert drops                      # the 3-epoch run decays its LR once
+    assert [line.get_xdata()[0] for line in trace.lines if line.get_gid() == "lr_decay"] == drops
+    assert "shaded: epochs run critical" in trace.get_legend().get_texts()[0].get_text()
+
+    # Figure 10: curves and title give the batch sizes run, not the paper's 512 / 16,384.
+    low_run, acc_run = (runs["root"] / f"fig10/resnet18_{m}/seed42" for m in ("static_low", "accordion"))
+    low_batch = {m["global_batch"] for m in read_metrics(low_run)}
+    assert len(low_batch) == 1
+    schedule = _schedule(acc_run)
+    expected = [f"B {low_batch.pop()} (n=1)", f"Accordion {schedule['low']}<->{schedule['high']} (n=1)"]
+    fig10 = figures.figure10(frame[frame["run.figure"] == "fig10"])
+    legend = [text.get_text() for text in fig10.axes[0].get_legend().get_texts()]
+    assert legend[:2] == expected
+    title = " ".join(fig10.get_suptitle().split())
+    assert "vs the paper's 512 / 16,384" in title and "scale cpu" in title
+    assert "reduced models: resnet18 (width=0.125)" in title
+
+    # Table 5: the run's row names its batch sizes and keeps the paper's beside them.
+    table5 = runs["root"] / "table5/resnet18_batch_accordion/seed42"
+    schedule = _schedule(table5)
+    assert {m["global_batch"] for m in read_metrics(table5)} <= {schedule["low"], schedule["high"]}
+    row = next(r for r in _rows(tmp_path / "out/tables/table5.csv")
+               if r["model"] == "resnet18" and r["method"] == "accordion")
+    assert row["label"] == (f"Accordion {schedule['low']}<->{schedule['high']} "
+                            "(paper: Accordion 512<->4096)")

@@ -336,3 +336,11 @@ def test_every_preset_trains_two_steps_at_cpu_scale(tmp_path):
         except Exception as exc:  # collect all, so one run shows every broken preset
             failures.append(f"{preset}: {type(exc).__name__}: {exc}")
     assert failures == []
+
+
+def test_a_long_override_list_still_makes_a_valid_directory_name():
+    from accordion_repro.config import MAX_SUBDIR, _subdir
+    long = ",".join(f"dataset.option_{i}={i}" for i in range(40))
+    a, b = _subdir(long), _subdir(long + ",x=1")
+    assert len(a.encode()) <= MAX_SUBDIR + 1 and a.endswith("/") and a != b
+    assert _subdir("compressor.rank=4") == "compressor.rank=4/" and _subdir("") == ""

@@ -1,5 +1,7 @@
-"""Sweeps and cluster launch: multirun through submitit_local, the Slurm launcher profile, and
-the sbatch script (syntax, shellcheck, and a real torchrun run behind a stand-in srun)."""
+"""Sweeps and cluster launch without a cluster: multirun through submitit_local, the Slurm
+launcher profile as submitit maps it, and the sbatch script (syntax, shellcheck, and a real
+torchrun run behind a stand-in srun, for machines where the tests cannot start Slurm).
+tests/test_slurm.py runs the same profile and script on a real one-node Slurm cluster."""
 
 from __future__ import annotations
 
@@ -118,8 +120,13 @@ def test_slurm_profile_is_a_submitit_slurm_config_with_one_task_per_gpu(tmp_path
                                                     for k, v in params.items()})
     header = executor._executor._make_submission_file_text("CMD", "UID")
     for line in ("--ntasks-per-node=4", "--gpus-per-node=4", "--nodes=1", "--partition=gpu",
-                 "--time=1440", "--signal=USR"):
+                 "--time=1440", "--signal=USR2@300", "--requeue"):
         assert line in header, header
+
+
+def test_slurm_profile_keeps_requeue_when_an_sbatch_option_is_added():
+    launcher = compose_launcher(["+hydra.launcher.additional_parameters.constraint=a100"])
+    assert launcher.additional_parameters == {"requeue": True, "constraint": "a100"}
 
 
 def test_slurm_profile_spans_nodes_by_override():
@@ -167,3 +174,20 @@ def test_sbatch_script_runs_two_torchrun_ranks_from_slurm_variables(tmp_path):
     assert "rendezvous 127.0.0.1:" in result.stdout
     summary = summaries(tmp_path / "runs")["table1/resnet18_powersgd_accordion"]
     assert summary["status"] == "completed" and summary["world_size"] == 2
+
+
+def test_submitits_time_limit_signal_stops_a_run_only_inside_a_submitit_slurm_job(monkeypatch):
+    """(tests/test_slurm.py sends it to real jobs.) Elsewhere USR2 is left alone."""
+    import signal
+
+    from accordion_repro.launch import STOP_SIGNALS, stop_signals
+
+    for key in ("SUBMITIT_EXECUTOR", "SLURM_JOB_ID", "SUBMITIT_PREEMPT_SIGNAL"):
+        monkeypatch.delenv(key, raising=False)
+    assert stop_signals() == STOP_SIGNALS
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    assert stop_signals() == STOP_SIGNALS  # no Slurm job around it
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    assert stop_signals() == (*STOP_SIGNALS, signal.SIGUSR2)
+    monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "USR1")
+    assert stop_signals() == (*STOP_SIGNALS, signal.SIGUSR1)

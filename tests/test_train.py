@@ -194,3 +194,25 @@ def test_evaluation_runs_in_eval_mode_and_training_resumes_in_train_mode(tmp_pat
            "trainer.max_steps_per_epoch=2", "trainer.max_eval_steps=1"], tmp_path / "run")
     assert modes["eval"] == [False, False]
     assert modes["train"] == [True] * 4
+
+
+@pytest.mark.parametrize("clip_point", ["local", "averaged"])
+def test_clip_point_local_clips_what_the_detector_sees(tmp_path, clip_point):
+    """The official LSTM clips each worker's own gradient before the detector accumulates it."""
+    max_norm = 1e-3
+    run_dir = train([*_lstm_overrides(1, 4), "compressor=powersgd", "schedule=accordion",
+                     "schedule.interval=1", "schedule.low=2", "schedule.high=1",
+                     f"optim.clip_grad_norm={max_norm}", f"optim.clip_point={clip_point}",
+                     "trainer.epochs=1"], tmp_path / "run")
+    norms = read_metrics(run_dir)[0]["detector"]["norms"]
+    total = sum(n * n for n in norms) ** 0.5  # norm of the epoch-mean gradient, compressed layers
+    if clip_point == "local":
+        assert total <= max_norm * (1 + 1e-4)
+    else:
+        assert total > 10 * max_norm
+
+
+def test_clip_point_is_checked():
+    with pytest.raises(ConfigError) as caught:
+        train(["dataset=synthetic_cifar10", "optim.clip_point=before"], Path("/nonexistent"))
+    assert caught.value.key == "optim.clip_point"

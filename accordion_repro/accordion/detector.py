@@ -176,10 +176,14 @@ class CriticalRegimeDetector:
             "report": dict(self.report),
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        if state["settings"] != self._settings():
-            raise ValueError(f"detector settings differ from the checkpoint: "
-                             f"{self._settings()} vs {state['settings']}")
+    def load_state_dict(self, state: dict, strict: bool = True) -> None:
+        """`strict=False` (a resume the user allowed to change the config) accepts new
+        thresholds and intervals over the same layers; the history is kept as it is."""
+        mine, theirs = self._settings(), state["settings"]
+        shape_keys = ("num_layers", "granularity")
+        differs = [k for k in mine if mine[k] != theirs.get(k)]
+        if differs and (strict or any(k in shape_keys for k in differs)):
+            raise ValueError(f"detector settings differ from the checkpoint: {mine} vs {theirs}")
         sums = state["sums"]
         self._sums = None if sums is None else [s.clone() for s in sums]
         self._fused = False

@@ -9,6 +9,7 @@ stop the tables of the runs that finished.
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -159,9 +160,16 @@ def load_run(run_dir: Path, name: str) -> list[dict]:
     if status != "completed":
         raise RunDirectoryError(f"summary.status is {status!r}, not 'completed'")
     config = flatten(read_config(run_dir))
+    records = read_metrics(run_dir)
+    last = records[-1]
+    for key in (*[k for k in FINAL_METRICS if k in last], "train_loss", "test_loss"):
+        value = last.get(key, 0.0)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise RunDirectoryError(f"its last epoch's {key} is {value!r} (NaN/inf is logged as "
+                                    f"null): the run diverged, not a result")
     summary_columns = {f"summary.{key}": value for key, value in flatten(summary).items()}
     rows = []
-    for record in read_metrics(run_dir):
+    for record in records:
         row = {RUN_DIR: name, **config, **summary_columns}
         row.update(record)
         rows.append(row)

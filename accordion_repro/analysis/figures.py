@@ -3,11 +3,15 @@
 Figures are drawn on bare matplotlib Figure objects with the Agg canvas (no pyplot state, no
 display) and saved without creation dates, so a rebuild from the same runs gives the same bytes.
 Curves average the seeds of a method epoch by epoch; runs of different scales are never averaged
-together (each scale gets its own curve, and the title says the scales are mixed).
+together (each scale gets its own curve, and the title says the scales are mixed). Legends list
+only the methods that have runs. Figures 2, 9 and 10 say under their title what the runs trained
+on (scale, data, model width) and what differs from the paper's set-up (a stand-in data set,
+the batch sizes run); labels of batch-size curves give the batch sizes the runs logged.
 """
 
 from __future__ import annotations
 
+import math
 import textwrap
 from pathlib import Path
 
@@ -25,6 +29,8 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from accordion_repro.analysis.atomic import save_figure_atomic  # noqa: E402
 from accordion_repro.analysis.collect import model_variants  # noqa: E402
+from accordion_repro.analysis.labels import (batch_sizes_text, data_text,  # noqa: E402
+                                             run_batch_label, stand_in_notes)
 from accordion_repro.analysis.layout import (FIGURES, METRIC_TITLES, FigureSpec,  # noqa: E402
                                              TableSpec)
 
@@ -33,6 +39,7 @@ STYLE = {"font.size": 9, "axes.titlesize": 9, "axes.labelsize": 9, "legend.fonts
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf")
 MARKERS = {"dense": "s", "static_low": "o", "static_high": "v", "accordion": "*"}
 TRACE_PREFERENCE = ("accordion", "static_low", "static_high", "high_inside", "high_outside")
+CRITICAL_COLOR = "#ff7f0e"
 
 
 def _sorted_unique(values: pd.Series) -> list[str]:
@@ -50,11 +57,31 @@ def provenance(frame: pd.DataFrame) -> str:
     return f"{scale_text}; runs on {', '.join(datasets) or 'unknown data'}{reduced}"
 
 
+def setup_text(frame: pd.DataFrame, spec: FigureSpec, differences: list[str] = ()) -> str:
+    """Lines under a paper figure's title: provenance() (scale, data set, reduced models, or
+    'models at paper size'), what the runs trained on (summary.json's data, examples scored,
+    epochs), and what differs from the paper's set-up (a stand-in data set, `differences`)."""
+    size = "" if model_variants(frame) else "; models at paper size"
+    lines = [f"{provenance(frame)}{size}", f"data: {data_text(frame)}"]
+    paper_datasets = dict.fromkeys(cell.dataset for cell in spec.cells)
+    notes = [note for dataset in paper_datasets for note in stand_in_notes(frame, dataset)]
+    notes += list(differences)
+    if notes:
+        lines.append("differs from the paper: " + "; ".join(notes))
+    return "\n".join(lines)
+
+
+def _integer_epochs(axes) -> None:
+    axes.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+
+
 def _wrapped(text: str, figure: Figure) -> str:
     """Titles wrapped to the figure's width (about 11 characters per inch at 9 pt), so
     nothing is cut off at paper size."""
     width = max(20, int(figure.get_figwidth() * 11))
-    return "\n".join(textwrap.fill(line, width) for line in text.split("\n"))
+    # never inside a word: "CIFAR-10" and "64<->512" stay whole
+    return "\n".join(textwrap.fill(line, width, break_on_hyphens=False, break_long_words=False)
+                     for line in text.split("\n"))
 
 
 def _new_figure(width: float, height: float) -> Figure:
@@ -67,8 +94,9 @@ def _save(figure: Figure, out_dir: Path, stem: str) -> list[Path]:
         return [save_figure_atomic(figure, out_dir / f"{stem}.{suffix}") for suffix in ("png", "pdf")]
 
 
-def _curve_groups(runs: pd.DataFrame, spec: FigureSpec):
-    """(label, method, scale, per-epoch frame) in the layout's curve order."""
+def _curve_groups(runs: pd.DataFrame, spec: FigureSpec, label_for=None):
+    """(label, method, scale, per-epoch frame) in the layout's curve order, for the methods that
+    have runs only. label_for(method, group) may name a curve from its runs (None: the layout's)."""
     scales = _sorted_unique(runs["scale.name"])
     labels = {cell.method: cell.label for cell in spec.cells}
     order = [cell.method for cell in spec.cells]
@@ -78,13 +106,15 @@ def _curve_groups(runs: pd.DataFrame, spec: FigureSpec):
             group = runs[(runs["run.method"] == method) & (runs["scale.name"] == scale)]
             if group.empty:
                 continue
-            label = labels.get(method, method) + (f" [{scale}]" if len(scales) > 1 else "")
+            label = (label_for(method, group) if label_for else None) or labels.get(method, method)
+            label += f" [{scale}]" if len(scales) > 1 else ""
             yield label, method, scale, group
 
 
-def _plot_accuracy_curves(axes, runs: pd.DataFrame, spec: FigureSpec, metric: str = "test_acc"):
+def _plot_accuracy_curves(axes, runs: pd.DataFrame, spec: FigureSpec, metric: str = "test_acc",
+                          label_for=None):
     colors = {}
-    for index, (label, method, scale, group) in enumerate(_curve_groups(runs, spec)):
+    for index, (label, method, scale, group) in enumerate(_curve_groups(runs, spec, label_for)):
         by_epoch = group.groupby("epoch", sort=True)[metric]
         mean, low, high = by_epoch.mean(), by_epoch.min(), by_epoch.max()
         seeds = group["run_dir"].nunique()
@@ -96,6 +126,7 @@ def _plot_accuracy_curves(axes, runs: pd.DataFrame, spec: FigureSpec, metric: st
             axes.fill_between(mean.index, low.values, high.values, color=color, alpha=0.15,
                               linewidth=0)
     axes.set_xlabel("Epoch")
+    _integer_epochs(axes)
     axes.set_ylabel(METRIC_TITLES[metric])
     axes.grid(True, alpha=0.3)
     return colors
@@ -146,6 +177,105 @@ def _first_value(run: pd.DataFrame, column: str):
     return str(values.iloc[0]) if len(values) else None
 
 
+def _first_raw(run: pd.DataFrame, column: str):
+    values = run[column].dropna() if column in run else []
+    return values.iloc[0] if len(values) else None
+
+
+def _same(a, b) -> bool:
+    try:
+        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
+    except (TypeError, ValueError):
+        return False
+
+
+def _truthy(value) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value)) and bool(value)
+
+
+def _level_text(run: pd.DataFrame, level) -> str:
+    compressor = _first_value(run, "compressor.name")
+    if compressor == "topk":
+        return f"K {float(level) * 100:g}%"
+    if compressor == "powersgd":
+        return f"rank {float(level):g}"
+    return f"level {level}"
+
+
+def _starts_critical(run: pd.DataFrame) -> bool:
+    """Whether epoch 0 ran in a critical regime. A record logs the flags decided at its end (they
+    hold for the next epoch), so epoch 0's own flags are read from what it ran: the detector
+    schedules start critical, at their low level (or B_low); regime windows run their inside
+    level when epoch 0 is in a window."""
+    first = run.iloc[0]
+    if first["epoch"] != 0:
+        return False
+    name = _first_value(run, "schedule.name")
+    levels = first.get("layer_levels")
+    levels = list(levels) if isinstance(levels, (list, tuple)) else []
+    if name in ("accordion", "joint"):
+        low = _first_raw(run, "schedule.low")
+        return low is not None and any(_same(level, low) for level in levels)
+    if name == "regime_windows":
+        inside, outside = _first_raw(run, "schedule.inside"), _first_raw(run, "schedule.outside")
+        return (inside is not None and not _same(inside, outside) and bool(levels)
+                and all(_same(level, inside) for level in levels))
+    if name == "batch_accordion":
+        low, high = _first_raw(run, "schedule.low"), _first_raw(run, "schedule.high")
+        return low is not None and not _same(low, high) and _same(first.get("global_batch"), low)
+    return False
+
+
+def _ran_critical(run: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(epochs, flags): whether each epoch of the run ran in a critical regime. The flags logged
+    at the end of epoch e (`critical_layers > 0`, or `critical_model` for a model-wide batch
+    decision) hold for epoch e + 1; epoch 0 follows _starts_critical."""
+    epochs = run["epoch"].to_numpy()
+    decided = np.zeros(len(run), dtype=bool)
+    if "critical_layers" in run:
+        decided |= pd.to_numeric(run["critical_layers"], errors="coerce").fillna(0).to_numpy() > 0
+    if "critical_model" in run:
+        decided |= np.array([_truthy(value) for value in run["critical_model"]], dtype=bool)
+    flags = {int(epoch) + 1: bool(flag) for epoch, flag in zip(epochs, decided)}
+    flags[0] = _starts_critical(run)
+    return epochs, np.array([flags.get(int(epoch), False) for epoch in epochs], dtype=bool)
+
+
+def _lr_decays(run: pd.DataFrame) -> list[int]:
+    """Epochs whose logged LR is below the previous epoch's: the LR decays (the warm-up only
+    rises; a batch schedule's lr_scale is divided out, so going back to B_low is no decay)."""
+    if "lr" not in run:
+        return []
+    lr = pd.to_numeric(run["lr"], errors="coerce").to_numpy(dtype=float)
+    if "lr_scale" in run:
+        lr = lr / pd.to_numeric(run["lr_scale"], errors="coerce").fillna(1.0).to_numpy(dtype=float)
+    epochs = run["epoch"].to_numpy()
+    return [int(epochs[i]) for i in range(1, len(lr))
+            if np.isfinite(lr[i]) and np.isfinite(lr[i - 1]) and lr[i] < lr[i - 1] * (1 - 1e-6)]
+
+
+def _shading_label(run: pd.DataFrame) -> str:
+    name = _first_value(run, "schedule.name")
+    if name == "regime_windows":
+        inside = _first_raw(run, "schedule.inside")
+        return ("shaded: epochs inside the fixed critical-regime\nwindows"
+                + (f" ({_level_text(run, inside)} there)" if inside is not None else ""))
+    low = _first_raw(run, "schedule.low")
+    if name == "batch_accordion" and low is not None:
+        return f"shaded: epochs run critical (detector):\nsmall batch B {int(float(low))}"
+    if low is not None:
+        return ("shaded: epochs run critical (detector):\n"
+                f"≥1 layer at low compression, {_level_text(run, low)}")
+    return "shaded: epochs run in a critical regime"
+
+
+def _statistic(run: pd.DataFrame) -> str | None:
+    for detector in run["detector"]:
+        if isinstance(detector, dict) and detector.get("statistic"):
+            return str(detector["statistic"])
+    return _first_value(run, "schedule.statistic")
+
+
 def _plot_norm_trace(axes, figure: Figure, run: pd.DataFrame | None) -> None:
     if run is None:
         axes.text(0.5, 0.5, "no run with detector norms logged", ha="center", va="center",
@@ -161,20 +291,29 @@ def _plot_norm_trace(axes, figure: Figure, run: pd.DataFrame | None) -> None:
     positive = norms[np.isfinite(norms) & (norms > 0)]
     if positive.size:
         axes.set_yscale("log")
-    if "critical_layers" in run:
-        # the flags logged at the end of epoch e hold from epoch e + 1 on
-        critical = pd.to_numeric(run["critical_layers"], errors="coerce").fillna(0).to_numpy() > 0
-        for start, end in _critical_spans(run["epoch"].to_numpy() + 1, critical):
-            axes.axvspan(start, end, color="#ff7f0e", alpha=0.15, linewidth=0)
+    handles = []
+    spans = _critical_spans(*_ran_critical(run))
+    for start, end in spans:
+        axes.axvspan(start, end, color=CRITICAL_COLOR, alpha=0.15, linewidth=0, gid="critical")
+    if spans:
+        handles.append(Patch(color=CRITICAL_COLOR, alpha=0.3, label=_shading_label(run)))
+    decays = _lr_decays(run)
+    for epoch in decays:  # between the last epoch at the old LR and the first at the new one
+        axes.axvline(epoch - 0.5, color="black", linestyle=":", linewidth=1.0, gid="lr_decay")
+    if decays:
+        handles.append(Line2D([], [], color="black", linestyle=":",
+                              label=f"LR decay (from epoch {', '.join(map(str, decays))})"))
+    handles.append(Line2D([], [], color="grey", label="one line per layer"))
     scalar = matplotlib.cm.ScalarMappable(cmap=colormap,
                                           norm=matplotlib.colors.Normalize(0, max(layers - 1, 1)))
     colorbar = figure.colorbar(scalar, ax=axes, label="Layer index (input to output)", pad=0.01)
     colorbar.ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    axes.legend(handles=[Patch(color="#ff7f0e", alpha=0.3, label="detected critical regime"),
-                         Line2D([], [], color="grey", label="one line per layer")], loc="best")
+    axes.legend(handles=handles, loc="best", fontsize=7)
     axes.set_xlabel("Epoch")
-    statistic = _first_value(run, "schedule.statistic") or "sum"
-    what = {"mean": "mean step gradient", "sum": "summed gradient"}.get(statistic, statistic)
+    _integer_epochs(axes)
+    statistic = _statistic(run)
+    what = {"mean": "mean step gradient", "sum": "summed gradient"}.get(
+        statistic, f"gradient ({statistic})" if statistic else "gradient")
     axes.set_ylabel(f"Norm of the epoch's {what} (L2)")
     axes.set_title(f"(a) per-layer gradient norm and detected critical regimes\n"
                    f"run {run['run_dir'].iloc[0]}")
@@ -182,55 +321,78 @@ def _plot_norm_trace(axes, figure: Figure, run: pd.DataFrame | None) -> None:
 
 
 def figure2(runs: pd.DataFrame, spec: FigureSpec = FIGURES["fig2"]) -> Figure:
-    figure = _new_figure(11.0, 4.6)
+    figure = _new_figure(11.0, 5.2)
     trace_axes, accuracy_axes = figure.subplots(1, 2)
     _plot_norm_trace(trace_axes, figure, _trace_run(runs))
     _plot_accuracy_curves(accuracy_axes, runs, spec)
     accuracy_axes.legend(loc="lower right")
     accuracy_axes.set_title("(b) test accuracy with high compression only inside\n"
                             "or only outside the critical regimes")
-    figure.suptitle(_wrapped(f"{spec.title}\n{provenance(runs)}", figure))
+    figure.suptitle(_wrapped(f"{spec.title}\n{setup_text(runs, spec)}", figure))
     return figure
 
 
 def figure9(runs: pd.DataFrame, spec: FigureSpec = FIGURES["fig9"]) -> Figure:
-    figure = _new_figure(6.4, 4.2)
+    figure = _new_figure(6.4, 5.0)
     axes = figure.subplots()
     _plot_accuracy_curves(axes, runs, spec)
     axes.legend(loc="lower right")
-    figure.suptitle(_wrapped(f"{spec.title}\n{provenance(runs)}", figure))
+    figure.suptitle(_wrapped(f"{spec.title}\n{setup_text(runs, spec)}", figure))
     return figure
+
+
+def _batch_differences(runs: pd.DataFrame, spec: FigureSpec) -> list[str]:
+    """'global batch 64 / 2,048 (B 64, Accordion 64<->2048) vs the paper's 512 / 16,384' when
+    the runs' batch sizes are not the paper's."""
+    paper = batch_sizes_text(value for cell in spec.cells for value in (cell.low, cell.high))
+    run_sizes = batch_sizes_text(runs["global_batch"]) if "global_batch" in runs else ""
+    if run_sizes == paper:
+        return []
+    labels = ", ".join(label for label, *_ in _curve_groups(runs, spec, run_batch_label))
+    return [f"global batch sizes run {run_sizes or 'not logged'} ({labels}) "
+            f"vs the paper's {paper}"]
 
 
 def figure10(runs: pd.DataFrame, spec: FigureSpec = FIGURES["fig10"]) -> Figure:
-    figure = _new_figure(6.8, 4.2)
+    figure = _new_figure(6.8, 5.0)
     axes = figure.subplots()
-    colors = _plot_accuracy_curves(axes, runs, spec)
+    colors = _plot_accuracy_curves(axes, runs, spec, label_for=run_batch_label)
     batch_axes = axes.twinx()
+    drawn = False
     for (method, scale), color in colors.items():
         group = runs[(runs["run.method"] == method) & (runs["scale.name"] == scale)]
+        if "global_batch" not in group or group["global_batch"].isna().all():
+            continue
         batch = group.groupby("epoch", sort=True)["global_batch"].median()
         batch_axes.step(batch.index, batch.values, where="post", color=color, linestyle="--",
                         linewidth=1.0, alpha=0.8)
+        drawn = True
     batch_axes.set_yscale("log", base=2)
     batch_axes.set_ylabel("Global batch size (samples, dashed)")
     handles, labels = axes.get_legend_handles_labels()
-    handles.append(Line2D([], [], color="grey", linestyle="--"))
-    labels.append("global batch size (right axis)")
+    if drawn:
+        handles.append(Line2D([], [], color="grey", linestyle="--"))
+        labels.append("global batch size (right axis)")
     axes.legend(handles, labels, loc="lower right")
     axes.set_ylabel("Test accuracy (%, solid)")
-    figure.suptitle(_wrapped(f"{spec.title}\n{provenance(runs)}", figure))
+    setup = setup_text(runs, spec, _batch_differences(runs, spec))
+    figure.suptitle(_wrapped(f"{spec.title}\n{setup}", figure))
     return figure
 
 
-def _method_labels(cells) -> list[tuple[str, str]]:
-    """One legend entry per method; the models' levels are joined when they differ
-    (e.g. 'Rank 2 / Rank 4')."""
+def _method_labels(cells, runs: pd.DataFrame) -> list[tuple[str, str]]:
+    """One legend entry per method that has runs among cells; the models' levels are joined when
+    they differ (e.g. 'Rank 2 / Rank 4'); batch-size cells give the batch sizes their runs used."""
     labels: dict[str, list[str]] = {}
     for cell in cells:
+        cell_runs = runs[(runs["model.name"] == cell.model) & (runs["run.method"] == cell.method)]
+        if cell_runs.empty:
+            continue
+        label = (run_batch_label(cell.method, cell_runs) if cell.family == "batch" else None) \
+            or cell.label
         labels.setdefault(cell.method, [])
-        if cell.label not in labels[cell.method]:
-            labels[cell.method].append(cell.label)
+        if label not in labels[cell.method]:
+            labels[cell.method].append(label)
     return [(method, " / ".join(names)) for method, names in labels.items()]
 
 
@@ -268,7 +430,7 @@ def tradeoff_figure(spec: TableSpec, runs: pd.DataFrame, frame: pd.DataFrame) ->
         handles = [Line2D([], [], color=COLORS[models.index(m) % len(COLORS)], marker="o",
                           linestyle="", label=m) for m in present_models]
         handles += [Line2D([], [], color="grey", marker=MARKERS.get(method, "o"), linestyle="",
-                           label=label) for method, label in _method_labels(section.cells)]
+                           label=label) for method, label in _method_labels(section.cells, runs)]
         axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.suptitle(_wrapped(f"{spec.title}: final metric vs floats communicated\n"
                              f"{provenance(frame)}\n"

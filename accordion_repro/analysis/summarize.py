@@ -12,7 +12,8 @@ from accordion_repro.analysis.collect import PAPER_MODEL_SIZES, RUN_DIR, model_v
 from accordion_repro.analysis.costmodel import collective_op, predict_epoch_time, resolve_network
 
 RUN_COLUMNS = ("run.name", "run.table", "run.figure", "run.method", "run.label", "seed",
-               "scale.name", "model.name", "dataset.name", "compressor.name")
+               "scale.name", "model.name", "dataset.name", "compressor.name", "schedule.name",
+               "schedule.low", "schedule.high")
 
 
 def _first(series: pd.Series):
@@ -43,7 +44,7 @@ def summarize_runs(frame: pd.DataFrame, net="10gbit", workers: int | None = None
     """One row per run, in run-directory order. `workers` None = each run's own world size."""
     columns = [RUN_DIR, *RUN_COLUMNS, "metric", "final", "epochs", "total_floats",
                "total_bytes", "train_time_s", "world_size", "predicted_workers",
-               "predicted_time_s", "model.variant"]
+               "predicted_time_s", "model.variant", "global_batches"]
     if frame.empty:
         return pd.DataFrame(columns=columns)
     records = []
@@ -68,5 +69,8 @@ def summarize_runs(frame: pd.DataFrame, net="10gbit", workers: int | None = None
             "predicted_time_s": predicted_run_time(epochs, net, workers),
             "model.variant": model_variant(
                 {key: _first(epochs[key]) for key in ("model.name", *PAPER_MODEL_SIZES) if key in epochs}),
+            # the distinct global batch sizes the run trained with (labels of the batch tables)
+            "global_batches": tuple(sorted({int(b) for b in epochs["global_batch"].dropna()}))
+            if "global_batch" in epochs else (),
         })
     return pd.DataFrame(records, columns=columns)

@@ -19,6 +19,7 @@ import pandas as pd
 from accordion_repro.utils import atomic_write_text
 from accordion_repro.analysis.collect import model_variants
 from accordion_repro.analysis.costmodel import resolve_network
+from accordion_repro.analysis.labels import run_batch_label
 from accordion_repro.analysis.layout import (DATASET_TITLES, METRIC_TITLES, Cell, Section,
                                              TableSpec, run_command)
 from accordion_repro.analysis.reference import official_final
@@ -29,6 +30,7 @@ DASH = "–"
 @dataclass(frozen=True)
 class Row:
     cell: Cell
+    label: str                   # the layout's label, or for batch cells the batch sizes run
     seeds: int
     mean: float | None
     std: float | None            # sample std (ddof 1) over seeds; None with one seed
@@ -71,6 +73,17 @@ def _cell_runs(runs: pd.DataFrame, cell: Cell) -> pd.DataFrame:
     return runs[(runs["model.name"] == cell.model) & (runs["run.method"] == cell.method)]
 
 
+def cell_label(cell: Cell, cell_runs: pd.DataFrame) -> str:
+    """The layout's label, except in the batch-size tables, whose rows say the global batch
+    sizes the runs used ('B 64 (paper: B 512)'); a cell without runs keeps the paper's label."""
+    if cell.family != "batch" or cell_runs.empty:
+        return cell.label
+    label = run_batch_label(cell.method, cell_runs)
+    if label is None or label == cell.label:
+        return cell.label
+    return f"{label} (paper: {cell.label})"
+
+
 def _rows(section: Section, runs: pd.DataFrame) -> tuple[Row, ...]:
     stats = {}
     for cell in section.cells:
@@ -90,7 +103,7 @@ def _rows(section: Section, runs: pd.DataFrame) -> tuple[Row, ...]:
                      if other.model == cell.model and other.method == "static_low"), {})
         has_runs = own["seeds"] > 0
         rows.append(Row(
-            cell=cell, **own,
+            cell=cell, label=cell_label(cell, _cell_runs(runs, cell)), **own,
             saved=_ratio(base.get("floats_m"), own["floats_m"]) if has_runs else None,
             speedup=_ratio(base.get("time_s"), own["time_s"]) if has_runs else None,
             predicted_speedup=_ratio(base.get("predicted_s"), own["predicted_s"]) if has_runs else None,
@@ -182,7 +195,7 @@ def header(block: Block, net: str) -> list[str]:
 
 
 def row_cells(row: Row, plus_minus: str = "±") -> list[str]:
-    return [row.cell.model, row.cell.label, _fmt_metric(row, plus_minus), str(row.seeds),
+    return [row.cell.model, row.label, _fmt_metric(row, plus_minus), str(row.seeds),
             _fmt_quantity(row.floats_m), _fmt(row.saved, ".2f") + ("x" if row.saved else ""),
             _fmt_quantity(row.time_s), _fmt(row.speedup, ".2f") + ("x" if row.speedup else ""),
             _fmt_quantity(row.predicted_s),
@@ -281,7 +294,7 @@ def to_csv(spec: TableSpec, blocks: list[Block], net: str) -> str:
             cell = row.cell
             writer.writerow([
                 spec.id, block.scale or "", block.section.title, ";".join(block.datasets),
-                cell.model, cell.method, cell.label, cell.preset, block.section.metric,
+                cell.model, cell.method, row.label, cell.preset, block.section.metric,
                 row.seeds, _csv_number(row.mean), _csv_number(row.std), _csv_number(row.floats_m),
                 _csv_number(row.saved), _csv_number(row.time_s), _csv_number(row.speedup), net,
                 "/".join(str(w) for w in block.workers), _csv_number(row.predicted_s),

@@ -1,7 +1,8 @@
 """Top-K sparsification with per-layer kept fractions, all layers in one all-gather.
 
 Each worker keeps the k = max(1, floor(ratio * numel)) entries of largest magnitude of every
-compressed layer. The step's values (float32) and indices (int32) go into ONE float32 buffer:
+compressed layer (`official_topk`: k = floor(ratio * numel), as the released code, so a layer
+too small for its ratio sends nothing and its averaged gradient is zero). The step's values (float32) and indices (int32) go into ONE float32 buffer:
 values first, then the indices stored bitwise (an int32 view of the same storage), so one
 all-gather moves everything and no index is rounded through a float conversion.
 """
@@ -93,8 +94,12 @@ class TopKReducer(Reducer):
         return check_ratio(level)
 
     def kept(self, layer: int, ratio: float) -> int:
+        """Entries each worker sends for `layer`. The released code takes int(ratio * numel), which
+        is 0 for a small layer at a small ratio (that layer then gets no update); ours keeps at
+        least one so every compressed layer still moves."""
         n, m = self.matrix_shapes[layer]
-        return max(1, int(ratio * n * m))
+        k = int(ratio * n * m)
+        return k if self.official_topk else max(1, k)
 
     def _sends_dense(self, layer: int, level: float) -> bool:
         n, m = self.matrix_shapes[layer]
@@ -114,6 +119,8 @@ class TopKReducer(Reducer):
 
         offset = 0
         for (layer, grad), k in zip(items, counts):
+            if k == 0:
+                continue  # official_topk only: nothing sent, the output below stays zero
             flat = grad.view(-1)
             if self.error_feedback:
                 flat = self._memory(layer).view(-1).add_(flat)  # memory now holds M = g + e
@@ -124,6 +131,10 @@ class TopKReducer(Reducer):
                 flat.index_fill_(0, chosen, 0.0)  # memory = M - what this worker sent
             offset += k
 
+        if total == 0:  # official_topk only: no layer sends an entry this step
+            for _, grad in items:
+                grad.zero_()
+            return
         gathered = self.comm.all_gather(send, stats)
         values, indices = gathered[:, :total], gathered[:, total:].view(torch.int32)
         scale = 1.0 if self.official_topk else 1.0 / self.comm.world_size

@@ -50,8 +50,14 @@ def check(cfg) -> None:
 def decode_jpegs(blob: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Decode a concatenated JPEG byte stream into a uint8 (N, H, W, 3) array."""
     data = blob.tobytes()
-    images = [np.asarray(Image.open(io.BytesIO(data[offsets[i]:offsets[i + 1]])).convert("RGB"))
-              for i in range(len(offsets) - 1)]
+    images = []
+    for i in range(len(offsets) - 1):
+        try:
+            images.append(np.asarray(Image.open(io.BytesIO(data[offsets[i]:offsets[i + 1]]))
+                                     .convert("RGB")))
+        except Exception as exc:
+            raise ConfigError("dataset.path", f"JPEG {i} (bytes {offsets[i]}:{offsets[i + 1]}) "
+                                              f"cannot be decoded ({exc})") from None
     return np.stack(images) if images else np.zeros((0, 32, 32, 3), np.uint8)
 
 
@@ -80,9 +86,18 @@ def _split(arrays, split: str, path: str) -> tuple[np.ndarray, np.ndarray, np.nd
     return images, labels, original
 
 
+def _read_arrays(path: str) -> dict[str, np.ndarray]:
+    """Every array of the file; ConfigError naming dataset.path when it is not a readable npz."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return {name: npz[name] for name in npz.files}
+    except Exception as exc:  # BadZipFile, truncated members, pickled objects, ...
+        raise ConfigError("dataset.path", f"{path} cannot be read as an .npz "
+                                          f"({type(exc).__name__}: {exc})") from None
+
+
 def _decode_file(path: str) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as npz:
-        arrays = {name: npz[name] for name in npz.files}
+    arrays = _read_arrays(path)
     loaded = {}
     for split in ("train", "test"):
         images, labels, original = _split(arrays, split, path)
@@ -91,14 +106,18 @@ def _decode_file(path: str) -> dict[str, np.ndarray]:
 
 
 def _has_jpegs(path: str) -> bool:
-    with np.load(path, allow_pickle=False) as npz:
-        return any(name.endswith("_jpeg") for name in npz.files)
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return any(name.endswith("_jpeg") for name in npz.files)
+    except Exception as exc:
+        raise ConfigError("dataset.path", f"{path} cannot be read as an .npz "
+                                          f"({type(exc).__name__}: {exc})") from None
 
 
 def load_file(path: str, cache_dir: str | None = None) -> dict[str, np.ndarray]:
     """Both splits of one file, decoded; JPEG files through the on-disk decode cache."""
     stat = os.stat(path)
-    key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+    key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns, cache_dir)
     if key not in _DECODED:
         if _has_jpegs(path):
             _DECODED[key] = cached_decode(path, lambda: _decode_file(path), cache_dir)
@@ -108,10 +127,9 @@ def load_file(path: str, cache_dir: str | None = None) -> dict[str, np.ndarray]:
 
 
 def prepare(cfg) -> None:
-    """Fill the decode cache before the ranks start, so they load it instead of racing to decode."""
-    for path in _paths(cfg):
-        if _has_jpegs(path):
-            cached_decode(path, lambda p=path: _decode_file(p), cfg.get("cache_dir", None))
+    """Before the ranks start: read (and decode into the cache) every file and check its
+    contents, so a damaged or mis-shaped file is one error line, not a traceback per rank."""
+    _load_checked(cfg)
 
 
 def join_files(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -131,7 +149,7 @@ def join_files(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     }
 
 
-def build(cfg, seed: int) -> DataBundle:
+def _load_checked(cfg) -> tuple[dict[str, np.ndarray], int]:
     check(cfg)
     paths = _paths(cfg)
     num_classes = int(cfg.get("num_classes", 10))
@@ -140,6 +158,12 @@ def build(cfg, seed: int) -> DataBundle:
     joined = join_files([load_file(p, cfg.get("cache_dir", None)) for p in paths])
     for split in ("train", "test"):
         check_labels(joined[f"y_{split}"], num_classes, f"the {split} split of {paths}")
+    return joined, num_classes
+
+
+def build(cfg, seed: int) -> DataBundle:
+    joined, num_classes = _load_checked(cfg)
+    paths = _paths(cfg)
     train_tf, test_tf = transforms_from_config(cfg, CIFAR10_MEAN, CIFAR10_STD)
     train = ArrayImageDataset(joined["x_train"], joined["y_train"], train_tf)
     test = ArrayImageDataset(joined["x_test"], joined["y_test"], test_tf)

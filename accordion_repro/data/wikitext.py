@@ -52,7 +52,17 @@ def check(cfg) -> None:
     eval_split = cfg.get("eval_split", "valid")
     if eval_split not in ("valid", "test"):
         raise ConfigError("dataset.eval_split", f"must be 'valid' or 'test', got {eval_split!r}")
-    split_files(_root(cfg))
+    for split, path in split_files(_root(cfg)).items():
+        if _is_empty(path):
+            raise ConfigError("dataset.root", f"{path} is empty (no words): the {split} split of "
+                                              f"WikiText-2 must hold text; copy the files again")
+
+
+def _is_empty(path: str, probe: int = 1 << 16) -> bool:
+    """No word at all: an empty file, or a short one of only whitespace."""
+    with open(path, "rb") as handle:
+        head = handle.read(probe)
+    return not head.strip() and os.path.getsize(path) <= probe
 
 
 def read_words(path: str, lowercase: bool = False) -> list[str]:

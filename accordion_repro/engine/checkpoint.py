@@ -3,10 +3,16 @@
 Reducer memories and RNG streams differ between ranks, so each rank's part is gathered to rank 0
 and stored under its rank; on resume every rank takes its own part back. The file is written to
 a temporary name and renamed, so a job killed while saving keeps the previous checkpoint.
+
+Checkpoints hold only tensors and plain Python values and are read with
+`torch.load(weights_only=True)`, so a crafted `last.pt` cannot run code on resume. The few
+non-plain values of a training state (the schedule's Plan, NumPy's RNG state) are written in a
+tagged plain form and rebuilt on load; anything else is refused when saving.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import random
 from pathlib import Path
@@ -15,9 +21,19 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from accordion_repro.accordion import Plan
 from accordion_repro.utils import atomic_write_bytes
 
 CHECKPOINT_NAME = "last.pt"
+_PLAIN = (type(None), bool, int, float, str, bytes, torch.Tensor)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be read; the message names the file and what to do."""
+
+
+def checkpoint_path(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints" / CHECKPOINT_NAME
 
 
 def rng_state() -> dict:
@@ -35,6 +51,37 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def to_plain(value):
+    """Tensors, plain values and containers of them; Plan and ndarray in a tagged plain form."""
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": [value.dtype.str, list(value.shape), value.tobytes()]}
+    if isinstance(value, Plan):
+        return {"__plan__": to_plain(value.to_dict())}
+    if isinstance(value, dict):
+        return {k: to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_plain(v) for v in value)
+    raise TypeError(f"cannot checkpoint a {type(value).__name__} safely; store tensors and plain "
+                    f"values (or add a tagged form to engine/checkpoint.py)")
+
+
+def from_plain(value):
+    if isinstance(value, dict):
+        if "__ndarray__" in value and len(value) == 1:
+            dtype, shape, data = value["__ndarray__"]
+            return np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape).copy()
+        if "__plan__" in value and len(value) == 1:
+            return Plan.from_dict(from_plain(value["__plan__"]))
+        return {k: from_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(from_plain(v) for v in value)
+    return value
+
+
 def _gather_to_rank0(obj):
     if not (dist.is_available() and dist.is_initialized()):
         return [obj]
@@ -49,16 +96,33 @@ def save(run_dir: Path, shared: dict, per_rank: dict) -> None:
     if parts is None:
         return
     buffer = io.BytesIO()
-    torch.save({**shared, "ranks": parts}, buffer)
-    atomic_write_bytes(Path(run_dir) / "checkpoints" / CHECKPOINT_NAME, buffer.getvalue())
+    torch.save(to_plain({**shared, "ranks": parts}), buffer)
+    atomic_write_bytes(checkpoint_path(run_dir), buffer.getvalue())
+
+
+def read(path: Path) -> dict:
+    """The whole checkpoint, loaded safely; CheckpointError in one line if it cannot be."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(state, dict) or not isinstance(state.get("ranks"), list):
+            raise ValueError("not a checkpoint of this suite (no per-rank parts)")
+        return from_plain(state)
+    except Exception as exc:
+        cause = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        if "Unsupported global" in str(exc) or "weights_only" in str(exc).lower():
+            cause = "it holds objects other than tensors and plain values, refused unread"
+        raise CheckpointError(
+            f"cannot resume from {path}: {cause[:300]}. Start afresh with trainer.resume=never "
+            f"(the old run is moved aside), or delete the file") from None
 
 
 def load(run_dir: Path, rank: int, world_size: int) -> tuple[dict, dict] | None:
-    path = Path(run_dir) / "checkpoints" / CHECKPOINT_NAME
+    path = checkpoint_path(run_dir)
     if not path.exists():
         return None
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = read(path)
     if len(state["ranks"]) != world_size:
-        raise RuntimeError(f"{path} was written by {len(state['ranks'])} ranks; this job has "
-                           f"{world_size}. Resume with the same world size or set trainer.resume=never.")
+        raise CheckpointError(f"{path} was written by {len(state['ranks'])} ranks; this job has "
+                              f"{world_size}. Resume with the same world size or set "
+                              f"trainer.resume=never.")
     return state, state["ranks"][rank]

@@ -8,9 +8,11 @@ plan from the next epoch on.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -24,12 +26,32 @@ from accordion_repro.accordion import Plan, build_schedule
 from accordion_repro.comm import build_reducer
 from accordion_repro.config import compressor_level
 from accordion_repro.data import build_data
-from accordion_repro.engine import checkpoint
+from accordion_repro.engine import checkpoint, stop
 from accordion_repro.engine.lr import build_epoch_lr
 from accordion_repro.engine.optim import build_optimizer, set_lr
 from accordion_repro.engine.tasks import build_task
-from accordion_repro.logging import RunLogger
+from accordion_repro.errors import TrainingDiverged
+from accordion_repro.runlog import RunLogger
 from accordion_repro.models import build_model, count_parameters
+
+
+log = logging.getLogger("accordion_repro.train")
+
+
+class _StopRequested(Exception):
+    """A signal asked the run to stop; raised between steps on every rank at once."""
+
+    def __init__(self, signum: int, epoch: int, step: int):
+        super().__init__(signum, epoch, step)
+        self.signum, self.epoch, self.step = signum, epoch, step
+
+
+def _clip_by_total_norm(tensors: list[torch.Tensor], max_norm: float) -> None:
+    """clip_grad_norm_ for plain gradient tensors (it wants parameters with .grad)."""
+    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))
+    scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for t in tensors:
+        t.mul_(scale)
 
 
 def _distributed() -> bool:
@@ -105,7 +127,15 @@ class Trainer:
                                        world_size=self.world_size, batch_size=self.base_batch)
         self.optimizer = build_optimizer(cfg["optim"], self.params, lr=self.epoch_lr(0))
         self.clip = cfg["optim"].get("clip_grad_norm")
+        self.clip_local = cfg["optim"]["clip_point"] == "local"
+        self.nan_policy = t["nan_policy"]
+        # Stop requests are agreed on the CPU (gloo), so NCCL runs pay no GPU sync for them.
+        self._control_group = None
+        if _distributed():
+            self._control_group = (dist.new_group(backend="gloo")
+                                   if dist.get_backend() != "gloo" else dist.group.WORLD)
         self.start_epoch = 0
+        self.config_change = cfg.get("_config_change") or {}
         self.wandb_id = None
         self.totals = {"floats": 0, "bytes": 0, "train_time_s": 0.0}
         self._resume()
@@ -134,7 +164,7 @@ class Trainer:
         self.optimizer.load_state_dict(shared["optimizer"])
         self.schedule.load_state_dict(shared["schedule"])
         if self.detector is not None and shared.get("detector") is not None:
-            self.detector.load_state_dict(shared["detector"])
+            self.detector.load_state_dict(shared["detector"], strict=not self.config_change)
         self.plan = shared["plan"]
         self.start_epoch = int(shared["epoch"]) + 1
         self.wandb_id = shared.get("wandb_id")
@@ -166,16 +196,24 @@ class Trainer:
                 status="running", num_params=self.num_params, world_size=self.world_size,
                 model=self.cfg["model"]["name"], dataset=self.cfg["dataset"]["name"],
                 data=self.bundle.description, scale=self.cfg["scale"]["name"], metric=self.task.metric)
+        if self.config_change and self.logger:
+            changes = list(self.logger.summary.get("config_changes", []))
+            changes.append({"from_epoch": self.start_epoch, "delta": self.config_change})
+            self.logger.update_summary(config_changes=changes)
+            log.warning("continuing %s with a changed config from epoch %d: %s", self.run_dir,
+                        self.start_epoch, self.config_change)
         try:
             for epoch in range(self.start_epoch, epochs):
                 record = self._train_epoch(epoch)
+                if self.config_change:
+                    record["config_change"] = self.config_change
                 if self.rank == 0:  # rank 0's replica is the one reported, as in the official code
                     self.model.eval()
                     record.update(self.task.evaluate(self.model, t["max_eval_steps"]))
                 record.update(self._end_epoch(epoch))
                 if self.logger:
                     self.logger.log_epoch(record)
-                    print(self._epoch_line(record, epochs), flush=True)
+                    log.info(self._epoch_line(record, epochs))
                     metric = self.task.metric
                     self.logger.update_summary(
                         epochs_completed=epoch + 1, **{f"final_{metric}": record[metric]},
@@ -189,14 +227,49 @@ class Trainer:
                         self.logger.update_summary(status="stopped")
                         self.logger.close()
                     return
+        except _StopRequested as request:
+            name = signal.Signals(request.signum).name
+            where = (f"{name} during epoch {request.epoch} (after step {request.step}); resumes "
+                     f"from epoch {request.epoch}")
+            if self.logger:
+                self.logger.update_summary(status="stopped", stopped=where,
+                                           stop_signal=int(request.signum))
+                self.logger.close()
+            return
         except BaseException as exc:
             if self.logger:
-                self.logger.update_summary(status="failed", error=f"rank {self.rank}: {type(exc).__name__}: {exc}")
+                cause = str(exc) if isinstance(exc, TrainingDiverged) else f"{type(exc).__name__}: {exc}"
+                self.logger.update_summary(status="failed", error=f"rank {self.rank}: {cause}")
                 self.logger.close()
             raise
         if self.logger:
+            self.logger.forget("stopped", "stop_signal")
             self.logger.update_summary(status="completed")
             self.logger.close()
+
+    def _stop_requested(self) -> int:
+        """The stop signal if any rank got one (all ranks see the same answer), else 0."""
+        signum = stop.requested()
+        if self._control_group is None:
+            return signum
+        flag = torch.tensor([signum], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._control_group)
+        return int(flag.item())
+
+    def _check_finite(self, epoch: int, first_bad: torch.Tensor, bad_loss: torch.Tensor) -> None:
+        """Stop a diverged run at the end of the epoch in which its loss left the reals."""
+        if self.nan_policy != "stop":
+            return
+        state = torch.stack([first_bad.double(), bad_loss]).cpu()
+        if self._control_group is not None:
+            # The earliest bad step of any rank (unset = -1 becomes +inf for the MIN).
+            state[0] = math.inf if state[0] < 0 else state[0]
+            dist.all_reduce(state, op=dist.ReduceOp.MIN, group=self._control_group)
+            state[0] = -1 if math.isinf(state[0]) else state[0]
+        if state[0] >= 0:
+            value = "nan" if math.isnan(state[1]) else ("inf" if state[1] > 0 else "-inf")
+            raise TrainingDiverged(f"training diverged at epoch {epoch} step {int(state[0])} "
+                                   f"(loss {value}); trainer.nan_policy=continue lets it go on")
 
     def _epoch_line(self, r: dict, epochs: int) -> str:
         metric = self.task.metric
@@ -239,7 +312,14 @@ class Trainer:
         _sync(self.device)
         epoch_start = time.perf_counter()
         batches = iter(self.task.train_batches(epoch, micro))
+        # The first step whose loss is not finite, found on the device (no per-step host sync).
+        first_bad = torch.full((), -1, dtype=torch.int64, device=self.device)
+        bad_loss = torch.zeros((), dtype=torch.float64, device=self.device)
         while steps < steps_total:
+            signum = self._stop_requested()
+            if signum:
+                bar.close()
+                raise _StopRequested(signum, epoch, steps)
             t0 = time.perf_counter()
             for p in self.params:
                 p.grad = None
@@ -254,6 +334,8 @@ class Trainer:
             if got == 0:
                 break
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+            if self.clip and self.clip_local:  # each worker's own gradient, as the official LSTM
+                _clip_by_total_norm(grads, float(self.clip))
             if self.detector is not None:
                 self.detector.accumulate([grads[i] for i in self.compressible])
             _sync(self.device)
@@ -263,7 +345,7 @@ class Trainer:
             t2 = time.perf_counter()
             for p, g in zip(self.params, grads):
                 p.grad = g
-            if self.clip:
+            if self.clip and not self.clip_local:
                 torch.nn.utils.clip_grad_norm_(self.params, float(self.clip))
             self.optimizer.step()
             _sync(self.device)
@@ -274,12 +356,16 @@ class Trainer:
             bytes_ += stats.bytes_sent
             collectives += stats.collectives
             loss_sum += step_loss
+            newly_bad = (first_bad < 0) & ~torch.isfinite(step_loss)
+            first_bad = torch.where(newly_bad, torch.full_like(first_bad, steps), first_bad)
+            bad_loss = torch.where(newly_bad, step_loss, bad_loss)
             steps += 1
             bar.update(1)
             if not bar.disable:  # the bar alone pays a sync per step, and only when shown
                 bar.set_postfix(loss=f"{step_loss.item():.3f}")
         bar.close()
         epoch_time = time.perf_counter() - epoch_start
+        self._check_finite(epoch, first_bad, bad_loss)
         self.totals["floats"] += floats
         self.totals["bytes"] += bytes_
         self.totals["train_time_s"] += epoch_time

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
 from accordion_repro.errors import ConfigError
+from accordion_repro.utils import pid_alive
 
 PREFIX = "accbench-"
 SUBNET_ADDRESSES = ("10.77.0.1", "10.77.0.2")
@@ -130,23 +131,13 @@ def namespace_pids(namespace: str) -> list[int]:
     return [int(tok) for tok in out.split() if tok.isdigit()]
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _kill_pids(pids: Sequence[int], grace_s: float = 2.0) -> None:
     """SIGTERM, then SIGKILL whatever is still there after the grace period."""
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
         time.sleep(0.05)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
@@ -167,7 +158,7 @@ def cleanup_leftovers(prefix: str = PREFIX) -> list[str]:
             continue
         match = re.match(rf"^{re.escape(prefix)}(\d+)-\w+-[ab]$", name)
         owner = int(match.group(1)) if match else None
-        if owner is not None and (owner == os.getpid() or _pid_alive(owner)):
+        if owner is not None and (owner == os.getpid() or pid_alive(owner)):
             continue
         delete_namespace(name)
         removed.append(name)

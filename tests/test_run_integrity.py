@@ -1,0 +1,356 @@
+"""Nothing lost, nothing mislabelled, nothing executed: the run directory's guards, with real
+processes (the CLI in a subprocess, 2 gloo ranks where ranks matter)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from accordion_repro.analysis.collect import collect_runs, find_run_dirs
+from conftest import REPO, read_metrics, read_summary
+
+QUIET = ["logger.wandb.mode=disabled", "trainer.progress=never", "trainer.batch_size=8",
+         "trainer.eval_batch_size=16", "trainer.max_steps_per_epoch=2", "trainer.max_eval_steps=1"]
+IMAGES = ["dataset=synthetic_cifar10", "dataset.train_size=64", "dataset.test_size=16"]
+DENSE = ["model=resnet18", "model.width=0.125", *IMAGES, *QUIET]
+TINY = [*DENSE, "compressor=powersgd", "schedule=accordion", "schedule.interval=1"]
+TIMING = {"epoch_time_s", "compute_time_s", "comm_time_s"}
+
+
+def cli(run_dir: Path, *overrides: str, timeout: float = 240, base=TINY) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "accordion_repro.train", *base, *overrides,
+                           f"hydra.run.dir={run_dir}"], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def popen(run_dir: Path, *overrides: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "accordion_repro.train", *TINY, *overrides,
+                             f"hydra.run.dir={run_dir}"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def without_timing(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
+
+
+def wait_for(predicate, timeout: float = 180, what: str = "condition") -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def files_snapshot(run_dir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*"))
+            if p.is_file() and ".hydra" not in p.parts and p.name != "train.log"}
+
+
+# ---- resuming with another config -----------------------------------------------------------
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    done = cli(run_dir, "trainer.epochs=2")
+    assert done.returncode == 0, done.stderr
+    return run_dir
+
+
+def test_rerun_with_a_changed_config_is_refused_naming_the_keys(finished_run, tmp_path):
+    before = files_snapshot(finished_run)
+    out = cli(finished_run, "trainer.epochs=2", "compressor.rank=4", "schedule.eta=0.3")
+    assert out.returncode == 2
+    line = [l for l in out.stderr.splitlines() if l.startswith("error:")]
+    assert len(line) == 1
+    assert "compressor.rank: 2 -> 4" in line[0] and "schedule.eta: 0.5 -> 0.3" in line[0]
+    assert "trainer.resume=never" in line[0] and "trainer.allow_config_change=true" in line[0]
+    assert files_snapshot(finished_run) == before  # resolved.yaml not rewritten, nothing touched
+
+
+def test_resume_never_moves_the_old_run_aside_and_starts_afresh(finished_run, tmp_path):
+    run_dir = _copy(finished_run, tmp_path)
+    old_metrics = (run_dir / "metrics.jsonl").read_text()
+    out = cli(run_dir, "trainer.epochs=2", "compressor.rank=1", "trainer.resume=never")
+    assert out.returncode == 0, out.stderr
+    [aside] = (run_dir / ".replaced").iterdir()
+    assert (aside / "metrics.jsonl").read_text() == old_metrics
+    assert "compressor.rank=1" not in (aside / "resolved.yaml").read_text()
+    assert "rank: 1" in (run_dir / "resolved.yaml").read_text()
+    complete, _ = find_run_dirs(tmp_path)
+    assert complete == [run_dir]  # the analysis never reads the moved-aside run
+
+
+def test_allow_config_change_continues_and_records_the_change_per_epoch(tmp_path):
+    run_dir = tmp_path / "run"
+    assert cli(run_dir, "trainer.epochs=3", "trainer.stop_after_epoch=0").returncode == 0
+    out = cli(run_dir, "trainer.epochs=3", "schedule.eta=0.25", "trainer.allow_config_change=true")
+    assert out.returncode == 0, out.stderr
+    metrics = read_metrics(run_dir)
+    assert [m["epoch"] for m in metrics] == [0, 1, 2]
+    assert "config_change" not in metrics[0]
+    assert metrics[1]["config_change"] == metrics[2]["config_change"] == {"schedule.eta": [0.5, 0.25]}
+    summary = read_summary(run_dir)
+    assert summary["config_changes"] == [{"from_epoch": 1, "delta": {"schedule.eta": [0.5, 0.25]}}]
+
+
+# ---- one run per directory ------------------------------------------------------------------
+def test_a_second_run_on_a_directory_in_use_stops_at_once(tmp_path):
+    run_dir = tmp_path / "run"
+    first = popen(run_dir, "trainer.epochs=50", "trainer.max_steps_per_epoch=4")
+    try:
+        wait_for(lambda: (run_dir / "metrics.jsonl").exists(), what="the first run's first epoch")
+        second = cli(run_dir, "trainer.epochs=50", "trainer.max_steps_per_epoch=4")
+        assert second.returncode == 2
+        assert first.poll() is None  # refused while the first run still trains
+        assert f"pid {first.pid} on host {socket.gethostname()}" in second.stderr
+        assert "in use by another run" in second.stderr
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    lines = [json.loads(l)["epoch"] for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == len(set(lines))  # no epoch logged twice
+
+
+def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (run_dir / ".lock").write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname()}))
+    out = cli(run_dir, "trainer.epochs=1")
+    assert out.returncode == 0, out.stderr
+    assert "stale lock" in out.stdout
+    assert not (run_dir / ".lock").exists()
+
+
+# ---- crash-safe metrics, honest status --------------------------------------------------------
+def test_a_torn_last_metrics_line_does_not_block_resume(finished_run, stopped_run, tmp_path):
+    run_dir = _copy(stopped_run, tmp_path)
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write('{"epoch": 1, "lr": 0.00')  # the process died while appending epoch 1
+    out = cli(run_dir, "trainer.epochs=2")
+    assert out.returncode == 0, out.stderr
+    assert without_timing(read_metrics(run_dir)) == without_timing(read_metrics(finished_run))
+
+
+@pytest.mark.distributed
+def test_sigterm_stops_cleanly_as_stopped_and_the_resume_matches_an_uninterrupted_run(tmp_path):
+    overrides = ["trainer.epochs=2", "dist.nproc_per_node=2", "dataset.train_size=2048",
+                 "trainer.max_steps_per_epoch=128"]
+    run_dir = tmp_path / "run"
+    proc = popen(run_dir, *overrides)
+    try:
+        wait_for(lambda: (run_dir / "metrics.jsonl").exists(), what="epoch 0")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGTERM
+    stops = [l for l in (out + err).splitlines() if l.startswith("stopped")]
+    assert len(stops) == 1 and "SIGTERM" in stops[0] and "resume" in stops[0]
+    summary = read_summary(run_dir)
+    assert summary["status"] == "stopped" and summary["stop_signal"] == signal.SIGTERM
+    assert (run_dir / "checkpoints" / "last.pt").exists()
+    # the same command resumes: the partial epoch is redone, nothing lost or doubled (that the
+    # values equal an uninterrupted run's is tests/test_train.py::test_resume_continues_identically)
+    done = cli(run_dir, *overrides)
+    assert done.returncode == 0, done.stderr
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed" and "stop_signal" not in summary
+    assert [m["epoch"] for m in read_metrics(run_dir)] == [0, 1]
+
+
+@pytest.mark.distributed
+def test_a_failed_rank_leaves_status_failed_with_its_rank_and_cause(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    # a dataset path that only rank 1 cannot read would need a fault; a NaN does it for every rank
+    out = cli(run_dir, "trainer.epochs=2", "dist.nproc_per_node=2", "optim.lr=1e30",
+              "optim.warmup_epochs=0", base=DENSE)
+    assert out.returncode == 1
+    summary = read_summary(run_dir)
+    assert summary["status"] == "failed"
+    assert "rank " in summary["error"] and "training diverged at epoch 0 step" in summary["error"]
+
+
+def test_a_diverging_run_stops_within_one_epoch_and_is_never_a_result(tmp_path):
+    run_dir = tmp_path / "runs" / "nan"
+    out = cli(run_dir, "trainer.epochs=3", "optim.lr=1e30", "optim.warmup_epochs=0", base=DENSE)
+    assert out.returncode == 1
+    error = [l for l in out.stderr.splitlines() if l.startswith("error:")]
+    assert error and "training diverged at epoch 0 step" in error[0]
+    assert ("(loss nan)" in error[0]) or ("(loss inf)" in error[0])
+    assert read_summary(run_dir)["status"] == "failed"
+    assert read_metrics(run_dir) == [] if (run_dir / "metrics.jsonl").exists() else True
+    # nan_policy=continue runs on, but the analysis never takes the run as a result
+    cont = tmp_path / "runs" / "continued"
+    out = cli(cont, "trainer.epochs=2", "optim.lr=1e30", "optim.warmup_epochs=0",
+              "trainer.nan_policy=continue", base=DENSE)
+    assert out.returncode == 0, out.stderr
+    with pytest.warns(UserWarning):
+        collection = collect_runs(tmp_path / "runs")
+    assert collection.frame.empty
+    assert any("diverged" in reason for _, reason in collection.broken)
+
+
+# ---- safe checkpoints -------------------------------------------------------------------------
+class _Exploit:
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory) -> Path:
+    """A run stopped after epoch 0 of 2, so that it has a checkpoint to resume from."""
+    run_dir = tmp_path_factory.mktemp("stopped") / "run"
+    assert cli(run_dir, "trainer.epochs=2", "trainer.stop_after_epoch=0").returncode == 0
+    return run_dir
+
+
+def _copy(run_dir: Path, tmp_path: Path) -> Path:
+    shutil.copytree(run_dir, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_a_crafted_checkpoint_executes_nothing(stopped_run, tmp_path):
+    run_dir = _copy(stopped_run, tmp_path)
+    marker = tmp_path / "pwned"
+    import torch
+    with open(run_dir / "checkpoints" / "last.pt", "wb") as f:
+        torch.save({"ranks": [_Exploit(str(marker))], "epoch": 0}, f)
+    before = files_snapshot(run_dir)
+    out = cli(run_dir, "trainer.epochs=2")
+    assert out.returncode == 2
+    assert not marker.exists()
+    error = [l for l in out.stderr.splitlines() if l.startswith("error:")]
+    assert len(error) == 1 and "last.pt" in error[0] and "trainer.resume=never" in error[0]
+    assert files_snapshot(run_dir) == before
+
+
+def test_a_truncated_checkpoint_stops_with_one_line_and_touches_nothing(stopped_run, tmp_path):
+    run_dir = _copy(stopped_run, tmp_path)
+    ckpt = run_dir / "checkpoints" / "last.pt"
+    ckpt.write_bytes(ckpt.read_bytes()[:1000])
+    before = files_snapshot(run_dir)
+    out = cli(run_dir, "trainer.epochs=2")
+    assert out.returncode == 2
+    error = [l for l in out.stderr.splitlines() if l.startswith("error:")]
+    assert len(error) == 1 and str(ckpt) in error[0] and "trainer.resume=never" in error[0]
+    assert "Traceback" not in out.stderr
+    assert files_snapshot(run_dir) == before
+
+
+# ---- dataset contents checked before the ranks start -----------------------------------------
+def _npz_cli(run_dir: Path, path: Path, *extra: str):
+    return cli(run_dir, "model=resnet18", "model.width=0.125", "dataset=npz",
+               f"dataset.path={path}", "trainer.epochs=1", "dist.nproc_per_node=2", *QUIET, *extra,
+               base=[])
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "wrong_shape"])
+def test_bad_npz_contents_are_refused_before_any_rank_starts(tmp_path, damage):
+    path = tmp_path / "data.npz"
+    images = np.zeros((8, 32, 32, 3), np.uint8)
+    if damage == "wrong_shape":
+        np.savez(path, x_train=np.zeros((8, 28, 28), np.uint8), y_train=np.zeros(8, np.int64),
+                 x_test=images, y_test=np.zeros(8, np.int64))
+    else:
+        np.savez(path, x_train=images, y_train=np.zeros(8, np.int64), x_test=images,
+                 y_test=np.zeros(8, np.int64))
+        data = path.read_bytes()
+        path.write_bytes(b"not a zip file" if damage == "garbage" else data[: len(data) // 2])
+    out = _npz_cli(tmp_path / "run", path)
+    assert out.returncode == 2
+    error = [l for l in out.stderr.splitlines() if l.startswith("error:")]
+    assert len(error) == 1 and "dataset.path" in error[0] and str(path) in error[0]
+    assert "Traceback" not in out.stderr and "spawn" not in out.stderr
+    assert not (tmp_path / "run" / "resolved.yaml").exists()
+
+
+def test_empty_wikitext_files_name_the_file_not_a_missing_key(tmp_path):
+    root = tmp_path / "wikitext-2"
+    root.mkdir()
+    for split in ("train", "valid", "test"):
+        (root / f"{split}.txt").write_text("" if split == "train" else "a b c\n")
+    out = cli(tmp_path / "run", "model=lstm", "model.num_layers=1", "model.hidden_size=8",
+              "model.embedding_size=8", "optim=lstm", "dataset=wikitext2",
+              f"dataset.root={root}", "trainer.epochs=1", *QUIET, base=[])
+    assert out.returncode == 2
+    error = [l for l in out.stderr.splitlines() if l.startswith("error:")]
+    assert len(error) == 1 and "train.txt" in error[0] and "empty" in error[0]
+    assert "vocab_size" not in error[0]
+
+
+# ---- nothing listens beyond loopback ---------------------------------------------------------
+def _listening_addresses(pids: list[int]) -> list[str]:
+    inodes = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                found.append(fields[1].split(":")[0])
+    return found
+
+
+@pytest.mark.distributed
+def test_a_local_two_rank_run_listens_only_on_loopback(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = popen(run_dir, "trainer.epochs=20", "trainer.max_steps_per_epoch=4",
+                 "dist.nproc_per_node=2")
+    try:
+        wait_for(lambda: (run_dir / "metrics.jsonl").exists(), what="the first epoch")
+        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True,
+                             text=True).stdout
+        pids = [proc.pid] + [int(p) for p in out.split()]
+        addresses = _listening_addresses(pids)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    loopback = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1, ::1
+    assert addresses, "no listening socket found (gloo pairs listen while connecting)"
+    assert set(addresses) <= loopback, addresses
+
+
+# ---- sweeps, logging --------------------------------------------------------------------------
+def test_a_sweep_with_one_bad_value_names_that_job_and_runs_the_others(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "accordion_repro.train", "-m", *TINY,
+                          "trainer.epochs=1", "compressor.rank=2,0", f"hydra.sweep.dir={tmp_path}",
+                          f"paths.runs_dir={tmp_path}"], cwd=REPO, capture_output=True, text=True,
+                         timeout=240)
+    text = out.stdout + out.stderr
+    assert "Error executing job with overrides" in text and "compressor.rank=0" in text
+    assert "compressor.rank: the PowerSGD rank must be an integer >= 1, got 0" in text
+    good = [p for p in tmp_path.rglob("summary.json") if "rank=2" in str(p)]
+    assert len(good) == 1 and json.loads(good[0].read_text())["status"] == "completed"
+
+
+@pytest.mark.distributed
+def test_epoch_lines_go_to_the_job_log_and_the_run_directory_is_printed_once(tmp_path):
+    run_dir = tmp_path / "run"
+    out = cli(run_dir, "trainer.epochs=2", "dist.nproc_per_node=2")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("run directory:") == 1
+    log = (run_dir / "train.log").read_text()
+    assert "epoch   0/2" in log and "epoch   1/2" in log
