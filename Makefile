@@ -36,7 +36,7 @@ figures: $(STAMP)
 	$(PYTHON) -m accordion_repro.analysis --runs $(RUNS) --out results --net $(NET)
 
 bench: $(STAMP)
-	$(PYTHON) scripts/bench_compressors.py
+	$(PYTHON) scripts/bench_compressors.py && $(PYTHON) scripts/bench_ddp.py
 
 bench-models: $(STAMP)
 	$(PYTHON) scripts/bench_models.py

@@ -83,7 +83,6 @@ def _worker(rank: int, port: int, args, queue):
     shapes = gradient_shapes()
     gen = torch.Generator().manual_seed(rank)
     gradients = [torch.randn(s, generator=gen) for s in shapes]
-    timings = Timings()
 
     def reducer_step(reducer):
         grads = [g.clone() for g in gradients]
@@ -113,8 +112,10 @@ def _worker(rank: int, port: int, args, queue):
             min_compression_rate=1, use_error_feedback=True, warm_start=True)
         configs[f"torch powersgd_hook r{r}"] = (
             ddp_step, ddp_setup(torch_psgd.powerSGD_hook, lambda model, s=torch_state: s))
+        # async_op=False: the hook reduces inside the call, which is what this harness times.
         configs[f"ours ddp hook r{r}"] = (ddp_step, ddp_setup(
-            accordion_hook, lambda model, r=r: AccordionHookState(model, "powersgd", rank=r)))
+            accordion_hook,
+            lambda model, r=r: AccordionHookState(model, "powersgd", rank=r, async_op=False)))
     for ratio in RATIOS:
         configs[f"ours topk {ratio:g}"] = (reducer_step, build_reducer("topk", gradients, ratio=ratio))
 
@@ -135,14 +136,25 @@ def _worker(rank: int, port: int, args, queue):
         configs["argsort selection"] = (selection_step(
             lambda x, k: torch.argsort(x.abs(), descending=True)[:k], 1.0), None)
 
-    started = time.perf_counter()
-    for step in range(args.warmup + args.steps):
-        for name, (run, target) in configs.items():
-            timings.add(name, run(target), timed=step >= args.warmup)
+    samples, seconds = interleave(configs, args.warmup, args.steps)
     if rank == 0:
-        queue.put((timings.samples, time.perf_counter() - started))
+        queue.put((samples, seconds))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def interleave(configs: dict, warmup: int, steps: int) -> tuple[dict[str, list[float]], float]:
+    """Run one step of every configuration per round, so machine noise hits all alike.
+
+    `configs` maps a name to (run, target): run(target) does one step and returns its seconds.
+    Returns the timed samples per name (after `warmup` rounds) and the loop's wall time.
+    """
+    timings = Timings()
+    started = time.perf_counter()
+    for step in range(warmup + steps):
+        for name, (run, target) in configs.items():
+            timings.add(name, run(target), timed=step >= warmup)
+    return timings.samples, time.perf_counter() - started
 
 
 def _wrap_existing(ddp, state, hook):
@@ -163,12 +175,18 @@ def _wrap_existing(ddp, state, hook):
     return ddp, elapsed
 
 
-def summarize(samples: dict[str, list[float]]):
+def quantile_rows(samples: dict[str, list[float]]) -> list[dict]:
+    """One row per configuration: median and inter-quartile range in ms, sample count."""
     rows = []
     for name, values in samples.items():
         q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
         rows.append({"config": name, "median_ms": 1e3 * median, "iqr_ms": 1e3 * (q3 - q1),
                      "n": len(values)})
+    return rows
+
+
+def summarize(samples: dict[str, list[float]]):
+    rows = quantile_rows(samples)
     by_name = {row["config"]: row for row in rows}
     for row in rows:
         name = row["config"]
@@ -186,20 +204,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.warmup < 2:
         raise SystemExit("--warmup must be >= 2: torch's hook compresses from its 2nd step on")
-    os.environ["OMP_NUM_THREADS"] = "1"
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    processes = [ctx.Process(target=_worker, args=(r, port, args, queue)) for r in range(WORLD)]
-    for p in processes:
-        p.start()
-    samples, seconds = queue.get(timeout=1200)
-    for p in processes:
-        p.join(timeout=60)
+    samples, seconds = run_ranks(_worker, args)
     rows = summarize(samples)
 
     print(f"{WORLD} gloo ranks, OMP_NUM_THREADS=1, ResNet-18 CIFAR-10 gradient shapes, "
@@ -210,14 +215,41 @@ def main(argv=None):
         ratio = (f"{row['ours_over_theirs']:.3f} ({row['baseline']})"
                  if row["ours_over_theirs"] is not None else "")
         print(f"{row['config']:32s} {row['median_ms']:10.2f} {row['iqr_ms']:8.2f}  {ratio}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, args.out)
+
+
+def run_ranks(worker, args, timeout: float = 1200):
+    """Start WORLD gloo ranks of worker(rank, port, args, queue), one thread each; returns
+    what rank 0 put on the queue (its samples and loop seconds)."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    processes = [ctx.Process(target=worker, args=(r, port, args, queue)) for r in range(WORLD)]
+    for p in processes:
+        p.start()
+    try:
+        return queue.get(timeout=timeout)
+    finally:
+        for p in processes:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
     import csv
 
-    with open(args.out, "w", newline="") as f:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    print(f"wrote {args.out}")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -87,6 +87,37 @@ class CriticalRegimeDetector:
                 total.add_(grad)
         self._steps += 1
 
+    # ---- every step, in parts (DDP buckets) ----------------------------------------------
+    def prepare(self, like: Sequence[torch.Tensor]) -> None:
+        """Allocate the epoch sums for tensors shaped like `like` (one per layer), so that a
+        step can then be added in parts with accumulate_layers; a restored sum is kept."""
+        if len(like) != self.num_layers:
+            raise ValueError(f"expected {self.num_layers} tensors, got {len(like)}")
+        if self._sums is None:
+            self._sums = [torch.zeros(t.shape, dtype=_sum_dtype(t.dtype), device=t.device)
+                          for t in like]
+        elif self._needs_placement:
+            self._place_like(like)
+
+    def accumulate_layers(self, layers: Sequence[int], grads: Sequence[torch.Tensor]) -> None:
+        """Add the local gradients of some layers (grads[j] is layer layers[j]) to the epoch sums
+        without counting a step: a DDP hook adds each bucket before it is reduced, then calls
+        end_step() once. The same in-place adds as accumulate, so the sums are bit for bit alike."""
+        if self._sums is None:
+            raise RuntimeError("call prepare(tensors) before accumulate_layers")
+        if len(layers) != len(grads):
+            raise ValueError(f"{len(layers)} layers but {len(grads)} gradients")
+        sums = [self._sums[layer] for layer in layers]
+        if _can_fuse(sums, grads):
+            torch._foreach_add_(sums, list(grads))
+        else:
+            for total, grad in zip(sums, grads):
+                total.add_(grad.to(total.device))
+
+    def end_step(self) -> None:
+        """One step of accumulate_layers is complete (the mean statistic divides by steps)."""
+        self._steps += 1
+
     def _place_like(self, grads: Sequence[torch.Tensor]) -> None:
         """After a restore the sums may sit on another device (checkpoints load on the CPU)."""
         self._sums = [s.to(g.device) for s, g in zip(self._sums, grads)]

@@ -25,10 +25,11 @@ def build_reducer(name: str, params: Sequence[torch.Tensor], *, group=None, **op
     return _REDUCERS[name](list(params), group=group, **options)
 
 
+from .agreement import LevelMismatchError  # noqa: E402
 from .ddp_hook import AccordionHookState, accordion_hook  # noqa: E402  (needs build_reducer)
 
 __all__ = [
-    "AccordionHookState", "accordion_hook",
+    "AccordionHookState", "accordion_hook", "LevelMismatchError",
     "CommStats", "Reducer", "DenseReducer", "PowerSGDReducer", "TopKReducer",
     "build_reducer", "validate_compressor", "level_kind",
 ]

@@ -5,17 +5,35 @@ place. Tensors with 2 or more dimensions are "layers" that may be compressed (vi
 (shape[0], rest), so a conv weight is (out_channels, in*kh*kw)); every other tensor, and every
 layer whose level would not compress, is averaged exactly through one flat all-reduce that is
 issued first so it overlaps with the compression work.
+
+One reduction is written once, as a generator of phases (`reduce_steps`): each phase starts
+collectives asynchronously and hands their work handles to whoever drives it. `reduce` drives
+it at once (waiting on each phase), the asynchronous DDP hook interleaves the phases of several
+buckets with the backward pass; both run the very same operations, so their outputs agree.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
 from math import prod
 
 import torch
 
 from .collectives import Communicator
 from .stats import CommStats
+
+
+@dataclass
+class Phase:
+    """Collectives one phase of a reduction has just started (their work handles).
+
+    The next phase may run once they are complete. `final`: no collective follows, what is left
+    is local work (decompression, error memory), which a driver may run on any thread.
+    """
+
+    works: list = field(default_factory=list)
+    final: bool = False
 
 
 class Reducer:
@@ -44,6 +62,8 @@ class Reducer:
         self.error_feedback = error_feedback
         self.memory: list[torch.Tensor | None] = [None] * self.num_compressible
         self._dense_buffer = torch.empty(0, dtype=self.dtype, device=self.device)
+        # Reductions in flight at the same time (DDP buckets) each need their own flat buffer.
+        self._slot_buffers: dict = {}
 
     # ---- levels ---------------------------------------------------------------------------
     def _check_level(self, level):
@@ -97,10 +117,24 @@ class Reducer:
                       levels: Sequence | None = None) -> CommStats:
         """Like reduce, for the tensors at `positions` only (a DDP bucket); grads[j] belongs to
         positions[j]. Levels still cover every layer; per-layer state makes the split free."""
+        stats = CommStats()
+        for phase in self.reduce_steps(positions, grads, stats, levels):
+            for work in phase.works:
+                work.wait()
+        return stats
+
+    def reduce_steps(self, positions: Sequence[int], grads: Sequence[torch.Tensor],
+                     stats: CommStats, levels: Sequence | None = None, *,
+                     slot=None) -> Generator[Phase, None, None]:
+        """reduce_subset as phases: each `yield` has started collectives; resume the generator
+        once its works are complete, until it is exhausted (then `grads` hold the average).
+
+        Reductions that are in flight together must use distinct `slot`s (any hashable, e.g.
+        the DDP bucket index); a slot keeps its own buffer for the dense tensors.
+        """
         self.set_levels(levels)
         positions = list(positions)
         work = [g if g.is_contiguous() else g.contiguous() for g in grads]
-        stats = CommStats()
         dense, compressed = [], []
         for pos, grad in zip(positions, work):
             if tuple(grad.shape) != self.shapes[pos]:
@@ -114,34 +148,51 @@ class Reducer:
                 dense.append(grad)
             else:
                 compressed.append((layer, grad))
-        flat, handle = self._start_dense(dense, stats)
+        stats.floats_sent += sum(self._tensor_floats(pos, self.levels) for pos in positions)
+        flat, handle = self._start_dense(dense, stats, slot)
+        pending = [handle] if handle is not None else []
+        final_seen = False
         if compressed:
-            self._reduce_compressed(compressed, stats)
-        self._finish_dense(dense, flat, handle)
+            for works, final in self._compressed_steps(compressed, stats):
+                works = [w for w in works if w is not None]
+                if final:
+                    works, final_seen = works + pending, True
+                yield Phase(works, final)
+        if not final_seen and pending:
+            yield Phase(pending, True)
+        self._finish_dense(dense, flat)
         for grad, work_grad in zip(grads, work):
             if work_grad is not grad:
                 grad.copy_(work_grad)
-        stats.floats_sent = sum(self._tensor_floats(pos, self.levels) for pos in positions)
-        return stats
 
-    def _reduce_compressed(self, items: list[tuple[int, torch.Tensor]], stats: CommStats):
+    def _compressed_steps(self, items: list[tuple[int, torch.Tensor]], stats: CommStats):
+        """Yield (work handles, final) after starting each collective of the compressed layers;
+        after the last resume, the layers' gradients hold their decompressed average."""
         raise NotImplementedError
 
-    def _start_dense(self, dense: list[torch.Tensor], stats: CommStats):
+    def _start_dense(self, dense: list[torch.Tensor], stats: CommStats, slot=None):
         total = sum(g.numel() for g in dense)
         if total == 0 or self.comm.world_size == 1:
             return None, None
-        if self._dense_buffer.numel() < total:
-            self._dense_buffer = torch.empty(total, dtype=self.dtype, device=self.device)
-        flat = self._dense_buffer[:total]
+        if slot is None:
+            if self._dense_buffer.numel() < total:
+                self._dense_buffer = torch.empty(total, dtype=self.dtype, device=self.device)
+            buffer = self._dense_buffer
+        else:
+            buffer = self._slot_buffers.get(slot)
+            if buffer is None or buffer.numel() < total:
+                buffer = self._slot_buffers[slot] = torch.empty(total, dtype=self.dtype,
+                                                                device=self.device)
+        flat = buffer[:total]
         torch.cat([g.view(-1) for g in dense], out=flat)
         return flat, self.comm.all_reduce_sum(flat, stats, async_op=True)
 
-    def _finish_dense(self, dense: list[torch.Tensor], flat, handle) -> None:
+    def _finish_dense(self, dense: list[torch.Tensor], flat) -> None:
+        """Copy the averaged flat buffer back; its all-reduce was in the final phase, so the
+        driver has seen it complete (no wait here: in a Future callback of that very work,
+        waiting on it would never return)."""
         if flat is None:
             return
-        if handle is not None:
-            handle.wait()
         flat.div_(self.comm.world_size)
         offset = 0
         for grad in dense:

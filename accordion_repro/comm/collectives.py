@@ -17,9 +17,22 @@ from .stats import CommStats
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+def distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def broadcast_object(obj, src: int = 0, group=None):
+    """`src`'s picklable object on every rank (how one rank's decision reaches all of them)."""
+    if not distributed():
+        return obj
+    payload = [obj]
+    dist.broadcast_object_list(payload, src=src, group=group)
+    return payload[0]
+
+
 class Communicator:
     def __init__(self, group=None):
-        self.distributed = dist.is_available() and dist.is_initialized()
+        self.distributed = distributed()
         self.group = group
         if self.distributed:
             self.world_size = dist.get_world_size(group)
@@ -38,10 +51,27 @@ class Communicator:
 
     def all_gather(self, local: torch.Tensor, stats: CommStats) -> torch.Tensor:
         """Stack every worker's `local` (same size on all) into one (world_size, n) tensor."""
+        gathered, handle = self.all_gather_async(local, stats)
+        if handle is not None:
+            handle.wait()
+        return gathered
+
+    def all_gather_async(self, local: torch.Tensor, stats: CommStats):
+        """all_gather started asynchronously: (the output, valid once the handle is waited on,
+        and the work handle, None when nothing was sent)."""
         if not self.distributed or local.numel() == 0:
-            return local.unsqueeze(0).expand(self.world_size, local.numel())
+            return local.unsqueeze(0).expand(self.world_size, local.numel()), None
         out = torch.empty(self.world_size * local.numel(), dtype=local.dtype, device=local.device)
         stats.collectives += 1
         stats.bytes_sent += local.numel() * local.element_size()
-        _all_gather_flat(out, local, group=self.group)
-        return out.view(self.world_size, local.numel())
+        handle = _all_gather_flat(out, local, group=self.group, async_op=True)
+        return out.view(self.world_size, local.numel()), handle
+
+    def max_and_min(self, value: int, device: torch.device) -> tuple[int, int]:
+        """The largest and smallest `value` over workers, in one tiny blocking all-reduce (not
+        counted in CommStats: it checks agreement, it moves no gradient)."""
+        if not self.distributed:
+            return value, value
+        pair = torch.tensor([value, -value], dtype=torch.int64, device=device)
+        dist.all_reduce(pair, op=dist.ReduceOp.MAX, group=self.group)
+        return int(pair[0]), -int(pair[1])

@@ -97,7 +97,10 @@ class PowerSGDReducer(Reducer):
                                                  self.device)
         return self._layouts[items]
 
-    def _reduce_compressed(self, items: list[tuple[int, torch.Tensor]], stats: CommStats):
+    def _compressed_steps(self, items: list[tuple[int, torch.Tensor]], stats: CommStats):
+        # Layer order, whatever order a DDP bucket lists its parameters in: the packed layout
+        # (and so the BLAS calls) of a set of layers is always the same one.
+        items = sorted(items, key=lambda item: item[0])
         layout = self._layout(tuple((layer, self.levels[layer]) for layer, _ in items))
         matrices = []
         for layer, grad in items:
@@ -116,12 +119,12 @@ class PowerSGDReducer(Reducer):
             torch.mm(q_t, matrix.t(), out=layout.p_t[layer])  # P^T = Q^T M^T
             matrices.append((layer, grad_matrix, matrix))
 
-        self.comm.all_reduce_sum(layout.p_buffer, stats)
+        yield [self.comm.all_reduce_sum(layout.p_buffer, stats, async_op=True)], False
         for group in layout.p_groups:
             orthonormalize_(group)
         for layer, _, matrix in matrices:
             torch.mm(layout.p_t[layer], matrix, out=layout.q_t[layer])  # Q^T = P^T M
-        self.comm.all_reduce_sum(layout.q_buffer, stats)
+        yield [self.comm.all_reduce_sum(layout.q_buffer, stats, async_op=True)], True
         if self.comm.world_size > 1:
             layout.q_buffer.div_(self.comm.world_size)
 

@@ -108,7 +108,7 @@ class TopKReducer(Reducer):
     def _compressed_floats(self, layer: int, level: float) -> int:
         return 2 * self.kept(layer, level) * self.comm.world_size
 
-    def _reduce_compressed(self, items: list[tuple[int, torch.Tensor]], stats: CommStats):
+    def _compressed_steps(self, items: list[tuple[int, torch.Tensor]], stats: CommStats):
         counts = [self.kept(layer, self.levels[layer]) for layer, _ in items]
         total = sum(counts)
         send = torch.empty(2 * total, dtype=torch.float32, device=self.device)
@@ -135,7 +135,11 @@ class TopKReducer(Reducer):
             for _, grad in items:
                 grad.zero_()
             return
-        gathered = self.comm.all_gather(send, stats)
+        if self.comm.distributed:
+            gathered, handle = self.comm.all_gather_async(send, stats)
+            yield [handle], True
+        else:  # one worker: the gather is the identity, there is nothing to wait for
+            gathered = self.comm.all_gather(send, stats)
         values, indices = gathered[:, :total], gathered[:, total:].view(torch.int32)
         scale = 1.0 if self.official_topk else 1.0 / self.comm.world_size
         offset = 0

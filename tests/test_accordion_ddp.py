@@ -1,0 +1,430 @@
+"""The one-object API (accordion_repro.ddp.Accordion) and the asynchronous hook, 2 gloo ranks.
+
+What is checked: the README example runs verbatim under torchrun and its detector sees the local
+gradients; Accordion updates the parameters exactly as the trainer's reducer path; the
+asynchronous hook equals the synchronous one (level switches, no_sync, unused parameters, any
+bucket size); ranks that disagree on the levels stop with one line; bf16/fp16 train; a saved
+state resumes bit for bit.
+"""
+
+import functools
+import importlib.util
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from conftest import REPO
+from test_comm_distributed import SmallNet, free_port, run_workers
+
+distributed = pytest.mark.distributed
+
+
+def _batch(gen, n=8, dtype=torch.float32):
+    return torch.randn(n, 3, 8, 8, generator=gen).to(dtype), torch.randint(0, 10, (n,),
+                                                                            generator=gen)
+
+
+def _step(net, optimizer, x, y):
+    optimizer.zero_grad()
+    loss = torch.nn.functional.cross_entropy(net(x).float(), y)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+# ---- the README example ----------------------------------------------------------------------
+def readme_example() -> str:
+    """The first python block of the README's "Accordion in your own code" section."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Accordion in your own code", 1)[1].split("\n## ", 1)[0]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+# What the README example passes to Accordion (kept in step with it by the first assertion).
+EXAMPLE_SETTINGS = 'compressor="powersgd", low=2, high=1, eta=0.5, interval=1'
+
+
+def _trainer_path_worker(rank, example_file):
+    """The README example's training, driven as engine/trainer.py drives it: local gradients
+    into rank 0's detector, reducer.reduce, optimizer.step; rank 0's plan broadcast."""
+    from accordion_repro.accordion import build_schedule
+    from accordion_repro.comm import build_reducer
+    from accordion_repro.engine.trainer import broadcast_from_rank0
+
+    spec = importlib.util.spec_from_file_location("readme_example", example_file)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    model = example.make_model()
+    params = [p for p in model.parameters() if p.requires_grad]
+    reducer = build_reducer("powersgd", params, rank=2)
+    compressible = [i for i, c in enumerate(reducer.compressible) if c]
+    schedule = build_schedule("accordion", num_layers=len(compressible), compressor="powersgd",
+                              default_level=2, base_global_batch=None, world_size=2, low=2,
+                              high=1, eta=0.5, interval=1, lr_decay_rule=True, statistic="mean")
+    detector = schedule.make_detector() if rank == 0 else None
+    averaged = schedule.make_detector() if rank == 0 else None  # the README's old advice
+    plan = schedule.initial_plan()
+    optimizer = torch.optim.SGD(params, lr=example.lr_at(0), momentum=0.9)
+    reports, averaged_reports = [], []
+    for epoch in range(example.EPOCHS):
+        for group in optimizer.param_groups:
+            group["lr"] = example.lr_at(epoch)
+        for x, y in example.batches(rank, epoch):
+            for p in params:
+                p.grad = None
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            grads = [p.grad for p in params]
+            if detector is not None:
+                detector.accumulate([grads[i] for i in compressible])
+            reducer.reduce(grads, plan.levels)
+            if averaged is not None:
+                averaged.accumulate([grads[i] for i in compressible])
+            optimizer.step()
+        decision = None
+        if detector is not None:
+            lrs = example.lr_at(epoch), example.lr_at(epoch + 1)
+            decision = schedule.on_epoch_end(epoch, detector.end_epoch(epoch, *lrs))
+            averaged.end_epoch(epoch, *lrs)
+            reports.append(detector.report)
+            averaged_reports.append(averaged.report)
+        plan = broadcast_from_rank0(decision)
+    return {"params": [p.detach().clone() for p in params], "reports": reports,
+            "averaged": averaged_reports}
+
+
+@distributed
+def test_readme_example_runs_under_torchrun_and_its_detector_sees_local_gradients(tmp_path,
+                                                                                monkeypatch):
+    code = readme_example()
+    assert f"Accordion(model, {EXAMPLE_SETTINGS})" in code
+    example_file = tmp_path / "accordion_example.py"
+    example_file.write_text(code)
+    env = dict(os.environ, EPOCHS="4", STEPS="4", OMP_NUM_THREADS="1")
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+         "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(example_file)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    assert "epoch 3:" in run.stdout
+    log = (tmp_path / "accordion_log.jsonl").read_text()
+    logged = [json.loads(line) for line in log.splitlines()]
+    assert [r["epoch"] for r in logged] == [0, 1, 2, 3]
+
+    monkeypatch.setenv("EPOCHS", "4")  # the spawned reference reads the same sizes
+    monkeypatch.setenv("STEPS", "4")
+    reference_dir = tmp_path / "reference"
+    reference_dir.mkdir()
+    direct, _ = run_workers(functools.partial(_trainer_path_worker, example_file=str(example_file)),
+                            reference_dir, timeout=120)
+    levels_seen = set()
+    for got, local, avg in zip(logged, direct["reports"], direct["averaged"]):
+        torch.testing.assert_close(got["norms"], local["norms"], rtol=1e-5, atol=0)
+        assert got["critical"] == local["critical"]
+        # The averaged, compressed p.grad would have given other norms (the trap the API avoids).
+        assert max(abs(a / b - 1) for a, b in zip(avg["norms"], local["norms"])) > 0.05
+        levels_seen.add(tuple(got["critical"]))
+    assert len(levels_seen) > 1  # the run switched levels at least once
+
+    saved = torch.load(tmp_path / "checkpoint_rank0.pt")
+    for got, want in zip(saved["model"].values(), direct["params"]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+# ---- Accordion = the trainer's reducer path --------------------------------------------------
+def _accordion_vs_trainer_worker(rank):
+    from accordion_repro.accordion import build_schedule
+    from accordion_repro.comm import build_reducer
+    from accordion_repro.ddp import Accordion
+    from accordion_repro.engine.trainer import broadcast_from_rank0
+
+    results = {}
+    # eta=10: no ratio reaches it, so epoch 1's check sends every layer to `high` (a switch).
+    for name, low, high in (("powersgd", 2, 1), ("topk", 0.5, 0.05)):
+        out = {}
+        for path in ("accordion", "trainer"):
+            torch.manual_seed(0)
+            model = SmallNet()
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            gen = torch.Generator().manual_seed(rank)
+            if path == "accordion":
+                ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)
+                acc = Accordion(ddp, name, low=low, high=high, eta=10.0, interval=1)
+            else:
+                ddp = model
+                params = list(model.parameters())
+                options = {"rank": low} if name == "powersgd" else {"ratio": low}
+                reducer = build_reducer(name, params, **options)
+                compressible = [i for i, c in enumerate(reducer.compressible) if c]
+                schedule = build_schedule("accordion", num_layers=len(compressible),
+                                          compressor=name, default_level=low,
+                                          base_global_batch=None, world_size=2, low=low,
+                                          high=high, eta=10.0, interval=1, lr_decay_rule=True,
+                                          statistic="mean")
+                detector = schedule.make_detector() if rank == 0 else None
+                plan = schedule.initial_plan()
+            trace, levels = [], []
+            for epoch in range(3):
+                for _ in range(2):
+                    x, y = _batch(gen)
+                    optimizer.zero_grad()
+                    torch.nn.functional.cross_entropy(ddp(x), y).backward()
+                    if path == "trainer":
+                        grads = [p.grad for p in params]
+                        if detector is not None:
+                            detector.accumulate([grads[i] for i in compressible])
+                        reducer.reduce(grads, plan.levels)
+                    optimizer.step()
+                    trace.append([p.detach().clone() for p in model.parameters()])
+                if path == "accordion":
+                    levels.append(acc.end_epoch(epoch, 0.1, 0.1).levels)
+                else:
+                    decision = None
+                    if detector is not None:
+                        decision = schedule.on_epoch_end(epoch, detector.end_epoch(epoch, 0.1, 0.1))
+                    plan = broadcast_from_rank0(decision)
+                    levels.append(plan.levels)
+            out[path] = (trace, levels)
+        results[name] = out
+    return results
+
+
+@distributed
+def test_accordion_updates_the_parameters_as_the_trainers_reducer_path(tmp_path):
+    r0, r1 = run_workers(_accordion_vs_trainer_worker, tmp_path, timeout=120)
+    for name, high in (("powersgd", 1), ("topk", 0.05)):
+        (acc_trace, acc_levels), (tr_trace, tr_levels) = r0[name]["accordion"], r0[name]["trainer"]
+        assert acc_levels == tr_levels == r1[name]["accordion"][1]
+        assert acc_levels[1] == [high] * 3  # the switch to high compression after epoch 1
+        for step, (a, b) in enumerate(zip(acc_trace, tr_trace)):
+            for x, y in zip(a, b):
+                torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6, msg=f"{name} step {step}")
+
+
+# ---- asynchronous = synchronous; the level check -----------------------------------------------
+class BranchNet(SmallNet):
+    """SmallNet with a head that only some steps use (find_unused_parameters)."""
+
+    def __init__(self):
+        super().__init__()
+        self.spare = torch.nn.Linear(32, 10)
+        self.use_spare = False
+
+    def forward(self, x):
+        x = torch.relu(self.norm(self.conv(x)))
+        x = torch.relu(self.fc1(torch.nn.functional.adaptive_avg_pool2d(x, 4).flatten(1)))
+        return self.spare(x) if self.use_spare else self.fc2(x)
+
+
+def _hook_run(rank, compressor, options, *, async_op, bucket_cap_mb, unused):
+    from accordion_repro.comm.ddp_hook import AccordionHookState, accordion_hook
+
+    torch.manual_seed(0)
+    model = BranchNet() if unused else SmallNet()
+    state = AccordionHookState(model, compressor, async_op=async_op, **options)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb,
+                                  find_unused_parameters=unused)
+    ddp.register_comm_hook(state, accordion_hook)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    gen = torch.Generator().manual_seed(rank)
+    low, high = (2, 1) if compressor == "powersgd" else (0.3, 0.05)
+    plans = {2: [high, low, high, low][:len(state.layer_names)],
+             4: [low, high, high, low][:len(state.layer_names)], 5: [low] * len(state.layer_names)}
+    trace = []
+    for step in range(6):
+        if step in plans:
+            state.set_levels(plans[step])
+        if unused:
+            model.use_spare = step % 2 == 1
+        optimizer.zero_grad()
+        if step == 3:  # gradient accumulation: two micro-batches, one reduction
+            with ddp.no_sync():
+                torch.nn.functional.cross_entropy(ddp(_batch(gen)[0]), _batch(gen)[1]).backward()
+        x, y = _batch(gen)
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        optimizer.step()
+        trace.append((grads, [p.detach().clone() for p in model.parameters()]))
+    return trace, state.pop_stats()
+
+
+def _mismatch(rank):
+    from accordion_repro.ddp import Accordion
+
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(SmallNet())
+    acc = Accordion(ddp, "powersgd", low=2, high=1)
+    if rank == 1:
+        acc.set_level("fc1.weight", 1)  # only rank 1: the ranks now disagree
+    try:
+        torch.nn.functional.cross_entropy(ddp(_batch(torch.Generator())[0]),
+                                          torch.zeros(8, dtype=torch.long)).backward()
+    except Exception as exc:  # noqa: BLE001 (the test looks at what the user would see)
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+def _async_worker(rank):
+    results = {}
+    for compressor, options in (("powersgd", {"rank": 2}), ("topk", {"ratio": 0.3})):
+        for cap, unused in ((0.002, False), (25, False), (0.01, True)):
+            runs = [_hook_run(rank, compressor, options, async_op=a, bucket_cap_mb=cap,
+                              unused=unused) for a in (True, False)]
+            results[(compressor, cap, unused)] = runs
+    results["mismatch"] = _mismatch(rank)
+    return results
+
+
+@distributed
+def test_async_hook_equals_sync_hook_and_a_level_mismatch_stops_in_one_line(tmp_path):
+    r0, r1 = run_workers(_async_worker, tmp_path, timeout=150)
+    mismatch = r0.pop("mismatch"), r1.pop("mismatch")
+    for key, ((async_trace, async_stats), (sync_trace, sync_stats)) in r0.items():
+        assert async_stats == sync_stats, key
+        for step, ((ga, pa), (gs, ps)) in enumerate(zip(async_trace, sync_trace)):
+            for a, b in zip(ga + pa, gs + ps):
+                assert (a - b).abs().max() <= 1e-6, (key, step)
+        for (_, pa), (_, pb) in zip(async_trace, r1[key][0][0]):
+            assert all(torch.equal(a, b) for a, b in zip(pa, pb))  # both ranks alike
+    for result in mismatch:
+        assert result.startswith("LevelMismatchError: compression levels differ between ranks")
+        assert "\n" not in result
+    assert "rank 1 has 3 layers: 2 at 2, 1 at 1" in mismatch[1]
+
+
+# ---- mixed precision --------------------------------------------------------------------------
+def _precision_worker(rank):
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_wrapper
+
+    from accordion_repro.comm.ddp_hook import AccordionHookState, accordion_hook
+
+    results = {}
+    for compressor, options in (("powersgd", {"rank": 2}), ("topk", {"ratio": 0.3})):
+        for mode in ("fp32", "bf16", "fp16", "fp16 wrapper"):
+            torch.manual_seed(0)
+            model = SmallNet()
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mode, torch.float32)
+            model = model.to(dtype)
+            state = AccordionHookState(model, compressor, **options)
+            ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)
+            hook = fp16_compress_wrapper(accordion_hook) if mode == "fp16 wrapper" \
+                else accordion_hook
+            ddp.register_comm_hook(state, hook)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+            x, y = _batch(torch.Generator().manual_seed(rank), n=16, dtype=dtype)
+            losses = [_step(ddp, optimizer, x, y).item() for _ in range(8)]
+            results[(compressor, mode)] = (losses, [p.detach().float() for p in model.parameters()])
+    return results
+
+
+@distributed
+def test_bf16_and_fp16_gradients_train_like_fp32(tmp_path):
+    r0, r1 = run_workers(_precision_worker, tmp_path, timeout=120)
+    for compressor in ("powersgd", "topk"):
+        reference_losses, reference = r0[(compressor, "fp32")]
+        for mode, tolerance in (("bf16", 3e-2), ("fp16", 5e-3), ("fp16 wrapper", 5e-3)):
+            losses, params = r0[(compressor, mode)]
+            assert losses[-1] < losses[0] - 0.02, (compressor, mode, losses)
+            for got, want, other in zip(params, reference, r1[(compressor, mode)][1]):
+                torch.testing.assert_close(got, want, rtol=0, atol=tolerance)
+                assert torch.equal(got, other)
+
+
+def test_precisions_the_reducers_cannot_use_are_refused_with_the_reason():
+    from accordion_repro.comm.ddp_hook import AccordionHookState
+
+    with pytest.raises(ValueError, match="packs float32 values with int32 indices"):
+        AccordionHookState(SmallNet().double(), "topk", ratio=0.1)
+    mixed = SmallNet()
+    mixed.fc2.double()
+    with pytest.raises(ValueError, match="parameters mix"):
+        AccordionHookState(mixed, "powersgd", rank=2)
+    state = AccordionHookState(SmallNet().double(), "powersgd", rank=2)  # float64 works
+    assert state.reducer.dtype == torch.float64
+
+
+# ---- checkpoints ------------------------------------------------------------------------------
+def _resume_worker(rank):
+    from accordion_repro.ddp import Accordion
+
+    def build(name):
+        torch.manual_seed(0)
+        model = SmallNet()
+        # One bucket: a fresh DDP regroups its buckets after its first step (docs/compressors.md)
+        ddp = DistributedDataParallel(model)
+        low, high = (2, 1) if name == "powersgd" else (0.5, 0.05)
+        acc = Accordion(ddp, name, low=low, high=high, eta=10.0, interval=1)
+        return model, ddp, acc, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def train(ddp, optimizer, acc, epochs, seed):
+        gen = torch.Generator().manual_seed(seed)
+        for epoch in epochs:
+            for _ in range(2):
+                _step(ddp, optimizer, *_batch(gen))
+            acc.end_epoch(epoch, 0.1, 0.1)
+
+    results = {}
+    for name in ("powersgd", "topk"):
+        model, ddp, acc, optimizer = build(name)
+        train(ddp, optimizer, acc, range(2), seed=rank)
+        buffer = io.BytesIO()
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "accordion": acc.state_dict()}, buffer)
+        train(ddp, optimizer, acc, range(2, 4), seed=100 + rank)
+        straight = [p.detach().clone() for p in model.parameters()], acc.levels
+
+        model, ddp, acc, optimizer = build(name)
+        buffer.seek(0)
+        saved = torch.load(buffer)  # weights_only: the state is plain tensors and containers
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        acc.load_state_dict(saved["accordion"])
+        train(ddp, optimizer, acc, range(2, 4), seed=100 + rank)
+        results[name] = straight, ([p.detach().clone() for p in model.parameters()], acc.levels)
+    return results
+
+
+@distributed
+def test_a_saved_accordion_state_resumes_bit_for_bit(tmp_path):
+    for result in run_workers(_resume_worker, tmp_path, timeout=120):
+        for name, ((straight, levels), (resumed, resumed_levels)) in result.items():
+            assert levels == resumed_levels, name
+            assert all(torch.equal(a, b) for a, b in zip(straight, resumed)), name
+
+
+# ---- one process: errors the user can act on ----------------------------------------------------
+def test_unknown_layer_names_and_non_ddp_models_are_refused_clearly():
+    from accordion_repro.comm.ddp_hook import AccordionHookState
+    from accordion_repro.ddp import Accordion
+
+    state = AccordionHookState(SmallNet(), "powersgd", rank=2)
+    with pytest.raises(ValueError, match=r"no trainable parameter named 'fc1.weigth'; did you "
+                                         r"mean 'fc1.weight'"):
+        state.set_level("fc1.weigth", 1)
+    with pytest.raises(ValueError, match="fewer than 2 dimensions"):
+        state.set_level("fc1.bias", 1)
+    with pytest.raises(TypeError, match="DistributedDataParallel-wrapped model"):
+        Accordion(SmallNet(), low=2, high=1)
+
+
+def test_detector_fed_in_parts_sums_exactly_like_whole_steps():
+    from accordion_repro.accordion import CriticalRegimeDetector
+
+    gen = torch.Generator().manual_seed(3)
+    steps = [[torch.randn(4, 5, generator=gen), torch.randn(3, 2, generator=gen),
+              torch.randn(6, 1, 2, generator=gen)] for _ in range(3)]
+    whole, parts = CriticalRegimeDetector(3, interval=1), CriticalRegimeDetector(3, interval=1)
+    parts.prepare(steps[0])
+    for grads in steps:
+        whole.accumulate(grads)
+        parts.accumulate_layers([2, 0], [grads[2], grads[0]])  # buckets come in any order
+        parts.accumulate_layers([1], [grads[1]])
+        parts.end_step()
+    assert whole.end_epoch(0, 0.1, 0.1) == parts.end_epoch(0, 0.1, 0.1)
+    assert whole.report == parts.report
