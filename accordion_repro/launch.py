@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import datetime
-import json
 import logging
 import os
 import re
@@ -41,7 +40,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from accordion_repro.errors import TrainingDiverged
-from accordion_repro.utils import atomic_write_text
+from accordion_repro.runlog import read_summary, write_summary
 
 
 class RankFailed(RuntimeError):
@@ -202,15 +201,8 @@ def _rank0_logging(run_dir: Path) -> None:
     logger.propagate = False
 
 
-def _summary_status(run_dir: Path) -> dict:
-    try:
-        return json.loads((Path(run_dir) / "summary.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def _raise_if_stopped(run_dir: Path) -> None:
-    summary = _summary_status(run_dir)
+    summary = read_summary(run_dir)
     if summary.get("status") == "stopped" and summary.get("stop_signal"):
         signum = int(summary["stop_signal"])
         raise RunStopped(f"stopped: {summary.get('stopped', 'by a signal')}; rerun the same "
@@ -232,7 +224,7 @@ def _leave_stopped_submitit_job(run_dir: Path, submitit_handler, leader: bool) -
         return
     from accordion_repro.engine import stop
 
-    summary = _summary_status(run_dir) if leader else {}
+    summary = read_summary(run_dir) if leader else {}
     if leader:
         signum = int(summary.get("stop_signal") or 0) if summary.get("status") == "stopped" else 0
     else:
@@ -252,12 +244,18 @@ def _leave_stopped_submitit_job(run_dir: Path, submitit_handler, leader: bool) -
 
 def mark_failed(run_dir: Path, message: str) -> None:
     """Record a failure the ranks could not record themselves (a rank killed, a lost peer)."""
-    path = Path(run_dir) / "summary.json"
-    summary = _summary_status(run_dir)
+    summary = read_summary(run_dir)
     if not summary or summary.get("status") == "completed":
         return
     summary.update(status="failed", error=message.splitlines()[0])
-    atomic_write_text(path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    write_summary(run_dir, summary)
+
+
+def _end_of_run(run_dir: Path, submitit_handler, leader: bool) -> None:
+    """What a finished job says: nothing, a submitit requeue, or RunStopped (leader only)."""
+    _leave_stopped_submitit_job(run_dir, submitit_handler, leader=leader)
+    if leader:
+        _raise_if_stopped(run_dir)
 
 
 def launch(cfg: dict, run_dir: Path) -> None:
@@ -274,9 +272,7 @@ def launch(cfg: dict, run_dir: Path) -> None:
             _run(cfg, run_dir)
         finally:
             dist.destroy_process_group()
-        _leave_stopped_submitit_job(run_dir, submitit_handler, leader=env_rank() == 0)
-        if env_rank() == 0:
-            _raise_if_stopped(run_dir)
+        _end_of_run(run_dir, submitit_handler, leader=env_rank() == 0)
         return
     if launcher == "env":
         raise RankFailed("dist.launcher=env but neither torchrun (RANK, WORLD_SIZE) nor Slurm "
@@ -284,13 +280,10 @@ def launch(cfg: dict, run_dir: Path) -> None:
     nproc = int(cfg["dist"]["nproc_per_node"])
     if nproc == 1:
         _run(cfg, run_dir)
-        _leave_stopped_submitit_job(run_dir, submitit_handler, leader=True)
-        _raise_if_stopped(run_dir)
-        return
-    with tempfile.TemporaryDirectory(prefix="accordion-store-") as store_dir:
-        _spawn(cfg, run_dir, nproc, os.path.join(store_dir, "store"))
-    _leave_stopped_submitit_job(run_dir, submitit_handler, leader=True)
-    _raise_if_stopped(run_dir)
+    else:
+        with tempfile.TemporaryDirectory(prefix="accordion-store-") as store_dir:
+            _spawn(cfg, run_dir, nproc, os.path.join(store_dir, "store"))
+    _end_of_run(run_dir, submitit_handler, leader=True)
 
 
 def _spawn(cfg: dict, run_dir: Path, nproc: int, store_file: str) -> None:

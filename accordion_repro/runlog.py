@@ -27,14 +27,29 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+SUMMARY_NAME = "summary.json"
+
+
+def read_summary(run_dir: Path) -> dict:
+    """A run's summary.json, or {} when it is absent or unreadable."""
+    try:
+        value = json.loads((Path(run_dir) / SUMMARY_NAME).read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def write_summary(run_dir: Path, summary: dict) -> None:
+    atomic_write_text(Path(run_dir) / SUMMARY_NAME,
+                      json.dumps(summary, indent=2, sort_keys=True) + "\n")
+
+
 class RunLogger:
     def __init__(self, run_dir: Path, *, config: dict, wandb_cfg: dict, wandb_id: str | None):
         self.run_dir = Path(run_dir)
         self.metrics_path = self.run_dir / "metrics.jsonl"
-        self.summary_path = self.run_dir / "summary.json"
         self.summary: dict[str, Any] = {}
-        if self.summary_path.exists():
-            self.summary = json.loads(self.summary_path.read_text())
+        self.summary = read_summary(self.run_dir)
         self._wandb = None
         self.wandb_id = wandb_id
         if wandb_cfg["mode"] != "disabled":
@@ -87,7 +102,7 @@ class RunLogger:
 
     def update_summary(self, **fields: Any) -> None:
         self.summary.update(_jsonable(fields))
-        atomic_write_text(self.summary_path, json.dumps(self.summary, indent=2, sort_keys=True) + "\n")
+        write_summary(self.run_dir, self.summary)
         if self._wandb is not None:
             self._wandb.summary.update({k: v for k, v in fields.items() if isinstance(v, (int, float, str))})
 
@@ -95,7 +110,7 @@ class RunLogger:
         """Drop summary fields that no longer hold (e.g. a stop that the resume got past)."""
         for key in keys:
             self.summary.pop(key, None)
-        atomic_write_text(self.summary_path, json.dumps(self.summary, indent=2, sort_keys=True) + "\n")
+        write_summary(self.run_dir, self.summary)
 
     def close(self) -> None:
         if self._wandb is not None:

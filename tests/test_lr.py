@@ -22,30 +22,28 @@ def optim_cfg(name: str, **overrides) -> dict:
 # ---- the official rules, from the facts (not from lr.py) -----------------------------------
 # The LR of epoch e+1 is get_lr(e), computed at the end of epoch e; epoch 0 runs at the base LR.
 # get_lr warms up linearly from lr to lr * workers over 5 epochs.
-def official_cifar_lr(epoch: int) -> float:
-    """0.1 -> 0.4; get_lr(e): e <= 150 full, 150 < e <= 250 /10, e > 250 /100 (lands 152 / 252)."""
+def official_lr(epoch: int, base: float, first: int, second: int, second_is_strict: bool) -> float:
+    """get_lr(e) of an official script: e <= first full, then /10 up to `second` (`e < second`
+    when second_is_strict, `e <= second` otherwise), then /100."""
     if epoch == 0:
-        return 0.1
+        return base
     e = epoch - 1
-    lr = 0.1 * (1 + 3 * min(e / 5, 1))
-    if e <= 150:
+    lr = base * (1 + 3 * min(e / 5, 1))
+    if e <= first:
         return lr
-    if 150 < e <= 250:
+    if e < second or (e == second and not second_is_strict):
         return lr / 10
     return lr / 100
+
+
+def official_cifar_lr(epoch: int) -> float:
+    """0.1 -> 0.4; e <= 150 full, 150 < e <= 250 /10, e > 250 /100 (lands 152 / 252)."""
+    return official_lr(epoch, 0.1, 150, 250, second_is_strict=False)
 
 
 def official_lstm_lr(epoch: int) -> float:
-    """2.5 -> 10; get_lr(e): e <= 60 full, 60 < e < 80 /10, else /100 (lands 62 / 81)."""
-    if epoch == 0:
-        return 2.5
-    e = epoch - 1
-    lr = 2.5 * (1 + 3 * min(e / 5, 1))
-    if e <= 60:
-        return lr
-    if 60 < e < 80:
-        return lr / 10
-    return lr / 100
+    """2.5 -> 10; e <= 60 full, 60 < e < 80 /10, else /100 (lands 62 / 81)."""
+    return official_lr(epoch, 2.5, 60, 80, second_is_strict=True)
 
 
 def drops(lrs: list[float]) -> list[int]:

@@ -10,14 +10,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from accordion_repro.analysis.collect import collect_runs, find_run_dirs
-from conftest import REPO, read_metrics, read_summary
+from conftest import REPO, read_metrics, read_summary, wait_until
 
 QUIET = ["logger.wandb.mode=disabled", "trainer.progress=never", "trainer.batch_size=8",
          "trainer.eval_batch_size=16", "trainer.max_steps_per_epoch=2", "trainer.max_eval_steps=1"]
@@ -41,15 +40,6 @@ def popen(run_dir: Path, *overrides: str) -> subprocess.Popen:
 
 def without_timing(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
-
-
-def wait_for(predicate, timeout: float = 180, what: str = "condition") -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def files_snapshot(run_dir: Path) -> dict[str, bytes]:
@@ -108,7 +98,8 @@ def test_a_second_run_on_a_directory_in_use_stops_at_once(tmp_path):
     run_dir = tmp_path / "run"
     first = popen(run_dir, "trainer.epochs=50", "trainer.max_steps_per_epoch=4")
     try:
-        wait_for(lambda: (run_dir / "metrics.jsonl").exists(), what="the first run's first epoch")
+        wait_until(lambda: (run_dir / "metrics.jsonl").exists(), timeout=180,
+                   what="the first run's first epoch")
         second = cli(run_dir, "trainer.epochs=50", "trainer.max_steps_per_epoch=4")
         assert second.returncode == 2
         assert first.poll() is None  # refused while the first run still trains
@@ -150,7 +141,7 @@ def test_sigterm_stops_cleanly_as_stopped_and_the_resume_matches_an_uninterrupte
     run_dir = tmp_path / "run"
     proc = popen(run_dir, *overrides)
     try:
-        wait_for(lambda: (run_dir / "metrics.jsonl").exists(), what="epoch 0")
+        wait_until(lambda: (run_dir / "metrics.jsonl").exists(), timeout=180, what="epoch 0")
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
     finally:
@@ -320,7 +311,7 @@ def test_a_local_two_rank_run_listens_only_on_loopback(tmp_path):
     proc = popen(run_dir, "trainer.epochs=20", "trainer.max_steps_per_epoch=4",
                  "dist.nproc_per_node=2")
     try:
-        wait_for(lambda: (run_dir / "metrics.jsonl").exists(), what="the first epoch")
+        wait_until(lambda: (run_dir / "metrics.jsonl").exists(), timeout=180, what="the first epoch")
         out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True,
                              text=True).stdout
         pids = [proc.pid] + [int(p) for p in out.split()]

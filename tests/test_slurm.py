@@ -17,7 +17,7 @@ Slurm has no accounting here (no slurmdbd), so `sacct` answers nothing: job stat
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import re
 import signal
@@ -30,7 +30,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from accordion_repro.launch import free_port
-from conftest import REPO, SlurmCluster, read_metrics, read_summary
+from conftest import REPO, SlurmCluster, read_metrics, read_summary, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -97,18 +97,6 @@ def tail(text: str, n: int = 6000) -> str:
     return text[-n:]
 
 
-def wait_until(predicate, *, timeout: float, what: str, poll: float = 0.1, alive=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if alive is not None and alive.poll() is not None:
-            raise AssertionError(f"gave up waiting for {what}: the command exited with {alive.returncode}")
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def first_line(path: Path) -> str:
     try:
         lines = path.read_text().splitlines()
@@ -125,6 +113,24 @@ def sweep(cluster: SlurmCluster, runs_dir: Path, log: Path, args: list[str] = SW
                                  f"paths.runs_dir={runs_dir}"], cwd=REPO,
                                 env={**cluster.env, "MASTER_PORT": str(free_port())},
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@contextlib.contextmanager
+def sweeping(cluster: SlurmCluster, runs_dir: Path, log: Path, args: list[str] = SWEEP):
+    """A running sweep, killed with its process group if the test leaves it early."""
+    proc = sweep(cluster, runs_dir, log, args)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def past_epoch0(runs_dir: Path, seed: int | None = None) -> Path | None:
+    """The run directory (of `seed`, or the only one) once its first epoch is logged."""
+    runs = seed_runs(runs_dir) if runs_dir.exists() else {}
+    run = runs.get(seed) if seed is not None else next(iter(runs.values()), None)
+    return run if run and first_line(run / "metrics.jsonl") else None
 
 
 def finish(proc: subprocess.Popen, timeout: float) -> int:
@@ -221,15 +227,12 @@ def test_requeued_and_time_limited_jobs_resume_their_own_run_with_identical_metr
     assert uninterrupted_sweep["rc"] == 0, "the uninterrupted sweep failed (see the test above)"
     references = seed_runs(uninterrupted_sweep["runs_dir"])
     runs_dir, log = tmp_path / "runs", tmp_path / "sweep.log"
-    proc = sweep(slurm_cluster, runs_dir, log)
     how = {1: "requeue", 2: "time limit"}
     interrupted = {}
-    try:
+    with sweeping(slurm_cluster, runs_dir, log) as proc:
         for seed in (1, 2):
-            def started():
-                run = seed_runs(runs_dir).get(seed) if runs_dir.exists() else None
-                return run if run and first_line(run / "metrics.jsonl") else None
-            run = wait_until(started, timeout=180, what=f"epoch 0 of seed {seed}", alive=proc)
+            run = wait_until(lambda: past_epoch0(runs_dir, seed), timeout=180,
+                             what=f"epoch 0 of seed {seed}", alive=proc)
             job_id = hydra_job_id(run)
             if how[seed] == "requeue":
                 slurm_cluster.run(["scontrol", "requeue", job_id])
@@ -239,9 +242,6 @@ def test_requeued_and_time_limited_jobs_resume_their_own_run_with_identical_metr
         for seed, (run, job_id, _) in interrupted.items():
             slurm_cluster.start_requeued(job_id)
         rc = finish(proc, timeout=240)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     out = log.read_text(errors="replace")
     assert rc == 0, tail(out)
     assert sorted(seed_runs(runs_dir)) == [1, 2]
@@ -306,11 +306,7 @@ def test_sbatch_job_signalled_before_its_time_limit_requeues_and_resumes(
     job_id, log, _ = sbatch(slurm_cluster, tmp_path, [*long_run(2), f"paths.runs_dir={runs_dir}"],
                             wait=False)
     try:
-        def started():
-            runs = seed_runs(runs_dir) if runs_dir.exists() else {}
-            run = next(iter(runs.values()), None)
-            return run if run and first_line(run / "metrics.jsonl") else None
-        run = wait_until(started, timeout=180, what="epoch 0")
+        run = wait_until(lambda: past_epoch0(runs_dir), timeout=180, what="epoch 0")
         epoch0 = first_line(run / "metrics.jsonl")
         slurm_cluster.run(["scancel", "--batch", "--signal=USR1", job_id])
         slurm_cluster.start_requeued(job_id)
@@ -337,19 +333,12 @@ def test_a_two_task_sweep_job_is_one_two_rank_run_that_resumes_after_the_time_li
     the metrics of the same run started by torchrun (test above), value by value."""
     assert torchrun_job["info"]["JobState"] == "COMPLETED", "the torchrun job failed"
     runs_dir, log = tmp_path / "runs", tmp_path / "sweep.log"
-    proc = sweep(slurm_cluster, runs_dir, log, [*launcher(2), *long_run(2), "seed=42"])
-    try:
-        def started():
-            run = next(iter(seed_runs(runs_dir).values()), None) if runs_dir.exists() else None
-            return run if run and first_line(run / "metrics.jsonl") else None
-        run = wait_until(started, timeout=180, what="epoch 0", alive=proc)
+    with sweeping(slurm_cluster, runs_dir, log, [*launcher(2), *long_run(2), "seed=42"]) as proc:
+        run = wait_until(lambda: past_epoch0(runs_dir), timeout=180, what="epoch 0", alive=proc)
         job_id, epoch0 = hydra_job_id(run), first_line(run / "metrics.jsonl")
         slurm_cluster.run(["scancel", "--signal=USR2", job_id])
         slurm_cluster.start_requeued(job_id)
         rc = finish(proc, timeout=240)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     out = log.read_text(errors="replace")
     assert rc == 0, tail(out)
     rank0, rank1 = submitit_log(runs_dir, job_id), (runs_dir / ".submitit" / job_id)

@@ -86,18 +86,18 @@ def _split(arrays, split: str, path: str) -> tuple[np.ndarray, np.ndarray, np.nd
     return images, labels, original
 
 
-def _read_arrays(path: str) -> dict[str, np.ndarray]:
-    """Every array of the file; ConfigError naming dataset.path when it is not a readable npz."""
+def _read_npz(path: str, read):
+    """read(opened npz); ConfigError naming dataset.path when the file is not a readable npz."""
     try:
         with np.load(path, allow_pickle=False) as npz:
-            return {name: npz[name] for name in npz.files}
+            return read(npz)
     except Exception as exc:  # BadZipFile, truncated members, pickled objects, ...
         raise ConfigError("dataset.path", f"{path} cannot be read as an .npz "
                                           f"({type(exc).__name__}: {exc})") from None
 
 
 def _decode_file(path: str) -> dict[str, np.ndarray]:
-    arrays = _read_arrays(path)
+    arrays = _read_npz(path, lambda npz: {name: npz[name] for name in npz.files})
     loaded = {}
     for split in ("train", "test"):
         images, labels, original = _split(arrays, split, path)
@@ -106,12 +106,7 @@ def _decode_file(path: str) -> dict[str, np.ndarray]:
 
 
 def _has_jpegs(path: str) -> bool:
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            return any(name.endswith("_jpeg") for name in npz.files)
-    except Exception as exc:
-        raise ConfigError("dataset.path", f"{path} cannot be read as an .npz "
-                                          f"({type(exc).__name__}: {exc})") from None
+    return _read_npz(path, lambda npz: any(name.endswith("_jpeg") for name in npz.files))
 
 
 def load_file(path: str, cache_dir: str | None = None) -> dict[str, np.ndarray]:
@@ -128,8 +123,10 @@ def load_file(path: str, cache_dir: str | None = None) -> dict[str, np.ndarray]:
 
 def prepare(cfg) -> None:
     """Before the ranks start: read (and decode into the cache) every file and check its
-    contents, so a damaged or mis-shaped file is one error line, not a traceback per rank."""
+    contents, so a damaged or mis-shaped file is one error line, not a traceback per rank.
+    The launching process keeps none of the arrays: the ranks load them from the cache."""
     _load_checked(cfg)
+    _DECODED.clear()
 
 
 def join_files(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

@@ -12,7 +12,6 @@ tagged plain form and rebuilt on load; anything else is refused when saving.
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import random
 from pathlib import Path

@@ -46,14 +46,6 @@ class _StopRequested(Exception):
         self.signum, self.epoch, self.step = signum, epoch, step
 
 
-def _clip_by_total_norm(tensors: list[torch.Tensor], max_norm: float) -> None:
-    """clip_grad_norm_ for plain gradient tensors (it wants parameters with .grad)."""
-    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))
-    scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    for t in tensors:
-        t.mul_(scale)
-
-
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
@@ -256,20 +248,28 @@ class Trainer:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._control_group)
         return int(flag.item())
 
-    def _check_finite(self, epoch: int, first_bad: torch.Tensor, bad_loss: torch.Tensor) -> None:
-        """Stop a diverged run at the end of the epoch in which its loss left the reals."""
+    def _check_finite(self, epoch: int, train_loss: float, step_losses: torch.Tensor) -> None:
+        """Stop a diverged run at the end of the epoch in which its loss left the reals.
+
+        A NaN or inf step makes the epoch's loss sum non-finite, so a healthy epoch costs one
+        flag exchange; only a diverged one is searched for its first bad step.
+        """
         if self.nan_policy != "stop":
             return
-        state = torch.stack([first_bad.double(), bad_loss]).cpu()
-        if self._control_group is not None:
-            # The earliest bad step of any rank (unset = -1 becomes +inf for the MIN).
-            state[0] = math.inf if state[0] < 0 else state[0]
-            dist.all_reduce(state, op=dist.ReduceOp.MIN, group=self._control_group)
-            state[0] = -1 if math.isinf(state[0]) else state[0]
-        if state[0] >= 0:
-            value = "nan" if math.isnan(state[1]) else ("inf" if state[1] > 0 else "-inf")
-            raise TrainingDiverged(f"training diverged at epoch {epoch} step {int(state[0])} "
-                                   f"(loss {value}); trainer.nan_policy=continue lets it go on")
+        bad = torch.tensor([0.0 if math.isfinite(train_loss) else 1.0])
+        if self._control_group is not None:  # every rank stops in the same epoch
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=self._control_group)
+        if not bad.item():
+            return
+        nonfinite = (~torch.isfinite(step_losses)).nonzero()
+        if len(nonfinite):
+            step = int(nonfinite[0])
+            value = step_losses[step].item()
+            where = f"step {step} (loss {'nan' if math.isnan(value) else 'inf' if value > 0 else '-inf'})"
+        else:
+            where = "on another rank"
+        raise TrainingDiverged(f"training diverged at epoch {epoch} {where}; "
+                               f"trainer.nan_policy=continue lets it go on")
 
     def _epoch_line(self, r: dict, epochs: int) -> str:
         metric = self.task.metric
@@ -312,9 +312,8 @@ class Trainer:
         _sync(self.device)
         epoch_start = time.perf_counter()
         batches = iter(self.task.train_batches(epoch, micro))
-        # The first step whose loss is not finite, found on the device (no per-step host sync).
-        first_bad = torch.full((), -1, dtype=torch.int64, device=self.device)
-        bad_loss = torch.zeros((), dtype=torch.float64, device=self.device)
+        # Every step's loss stays on the device; only a diverged epoch is searched for its step.
+        step_losses = torch.zeros(steps_total, dtype=torch.float64, device=self.device)
         while steps < steps_total:
             signum = self._stop_requested()
             if signum:
@@ -334,8 +333,8 @@ class Trainer:
             if got == 0:
                 break
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-            if self.clip and self.clip_local:  # each worker's own gradient, as the official LSTM
-                _clip_by_total_norm(grads, float(self.clip))
+            if self.clip and self.clip_local:  # p.grad is still this worker's own gradient here
+                torch.nn.utils.clip_grad_norm_(self.params, float(self.clip))
             if self.detector is not None:
                 self.detector.accumulate([grads[i] for i in self.compressible])
             _sync(self.device)
@@ -356,21 +355,20 @@ class Trainer:
             bytes_ += stats.bytes_sent
             collectives += stats.collectives
             loss_sum += step_loss
-            newly_bad = (first_bad < 0) & ~torch.isfinite(step_loss)
-            first_bad = torch.where(newly_bad, torch.full_like(first_bad, steps), first_bad)
-            bad_loss = torch.where(newly_bad, step_loss, bad_loss)
+            step_losses[steps] = step_loss
             steps += 1
             bar.update(1)
             if not bar.disable:  # the bar alone pays a sync per step, and only when shown
                 bar.set_postfix(loss=f"{step_loss.item():.3f}")
         bar.close()
         epoch_time = time.perf_counter() - epoch_start
-        self._check_finite(epoch, first_bad, bad_loss)
+        train_loss = loss_sum.item() / max(steps, 1)
+        self._check_finite(epoch, train_loss, step_losses[:steps])
         self.totals["floats"] += floats
         self.totals["bytes"] += bytes_
         self.totals["train_time_s"] += epoch_time
         return {
-            "epoch": epoch, "lr": lr, "train_loss": loss_sum.item() / max(steps, 1), "steps": steps,
+            "epoch": epoch, "lr": lr, "train_loss": train_loss, "steps": steps,
             "batch_size": global_batch, "global_batch": global_batch, "micro_batch": micro,
             "accumulation": accum, "floats_sent": floats, "bytes_sent": bytes_,
             "collectives": collectives, "epoch_time_s": epoch_time, "compute_time_s": compute_s,
