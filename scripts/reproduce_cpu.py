@@ -19,7 +19,7 @@ checkpoints are deleted once a run completes (results/ keeps resolved.yaml, metr
 summary.json). Wall times go to <runs>/timings.csv.
 
     python scripts/reproduce_cpu.py [--study cpu|cpu_full] [--seeds 42 43] [--data ../shared/data]
-                                    [--dry-run] [--only PATTERN]
+                                    [--dry-run] [--only PATTERN ...]
 """
 
 from __future__ import annotations
@@ -93,8 +93,9 @@ def command(preset: str, seed: int, data: Path, out: Path, extra: list[str],
             *windows, *extra]
 
 
-def run_order(study: str, seeds: list[int], pattern: str) -> list[tuple[str, int]]:
-    """(preset, seed) pairs in the order they run."""
+def run_order(study: str, seeds: list[int], patterns: list[str]) -> list[tuple[str, int]]:
+    """(preset, seed) pairs in the order they run: the study's order, or, with several
+    patterns, the runs each pattern picks, pattern by pattern (each run once)."""
     if study == "cpu_full":
         order = [(p, s) for s in seeds[:2] for p in FULL_CORE]
         order += [(p, seeds[0]) for p in FULL_EXTRA]
@@ -105,7 +106,10 @@ def run_order(study: str, seeds: list[int], pattern: str) -> list[tuple[str, int
         for seed in seeds:
             trace = [TRACE_PRESET] if seed == seeds[0] else []
             order += [(p, seed) for p in CIFAR_PRESETS + trace + LSTM_PRESETS]
-    return [(p, s) for p, s in order if fnmatch.fnmatch(p, pattern)]
+    picked = []
+    for pattern in patterns:
+        picked += [(p, s) for p, s in order if fnmatch.fnmatch(p, pattern) and (p, s) not in picked]
+    return picked
 
 
 def completed(path: Path) -> bool:
@@ -120,7 +124,8 @@ def main() -> int:
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
     parser.add_argument("--runs", type=Path, default=None,
                         help="where the run directories go (default results/runs/<study>)")
-    parser.add_argument("--only", default="*", help="fnmatch pattern on the preset name")
+    parser.add_argument("--only", nargs="+", default=["*"], metavar="PATTERN",
+                        help="fnmatch patterns on the preset name; several run in the order given")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     parser.add_argument("extra", nargs="*", help="further overrides for every run")
     args = parser.parse_args()

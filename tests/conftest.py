@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import time
 from pathlib import Path
@@ -158,6 +159,7 @@ class SlurmCluster:
 
     NODE = "localhost"
     PARTITION = "debug"
+    CRED_EXPIRE_S = 15  # a requeued job starts again this long (+1 s) after its requeue
 
     def __init__(self, directory: Path):
         self.dir = Path(directory)
@@ -249,7 +251,10 @@ SlurmdUser=root
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 AuthType=auth/munge
-AuthInfo=socket={self.socket}
+# cred_expire: a requeued job may start again only once the killed run's job credential has
+# expired (slurmd refuses a revoked one: "Job credential revoked", and the job FAILS with no
+# output). The default 120 s would make every requeue test wait two minutes.
+AuthInfo=socket={self.socket},cred_expire={self.CRED_EXPIRE_S}
 CredType=cred/munge
 StateSaveLocation={d}/state
 SlurmdSpoolDir={d}/spool/%n
@@ -387,8 +392,12 @@ PartitionName={self.PARTITION} Nodes={self.NODE} Default=YES MaxTime=INFINITE St
         raise AssertionError(f"job {job_id} not in {states} after {timeout:.0f} s: {self.job(job_id)}")
 
     def start_requeued(self, job_id: str, restarts: int = 1, timeout: float = 120) -> None:
-        """Wait until the job has been requeued `restarts` times, then start it at once: a
-        requeued job otherwise waits ~2 min (Reason=BeginTime) before it may run again."""
+        """Wait until the job has been requeued `restarts` times and runs (or ran) again.
+
+        Slurm holds a requeued job (Reason=BeginTime) until the killed run's job credential
+        has expired (CRED_EXPIRE_S). Forcing an earlier start (`scontrol update
+        StartTime=now`) races with that: slurmd refuses the revoked credential and the job
+        ends FAILED without running, so this only waits."""
         import time
 
         deadline = time.monotonic() + timeout
@@ -396,13 +405,22 @@ PartitionName={self.PARTITION} Nodes={self.NODE} Default=YES MaxTime=INFINITE St
             info = self.job(job_id)
             if int(info.get("Restarts", 0)) >= restarts:
                 state = info.get("JobState")
-                if state == "RUNNING" or state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+                if state == "RUNNING" or state == "COMPLETED":
                     return
-                if state == "PENDING":
-                    self.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=False)
+                if state in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+                    raise AssertionError(f"job {job_id} ended {state} after its requeue: {info}\n"
+                                         f"{self.controller_log(job_id)}")
             time.sleep(0.3)
         raise AssertionError(f"job {job_id} was not requeued {restarts} time(s) and started again "
                              f"within {timeout:.0f} s: {self.job(job_id)}")
+
+    def controller_log(self, job_id: str) -> str:
+        """slurmctld's log lines about a job (why it failed to start, for example)."""
+        path = self.dir / "log" / "slurmctld.log"
+        array = str(job_id).partition("_")[0]
+        pattern = re.compile(rf"JobId={array}\b|JobId={array}_")
+        lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+        return "slurmctld.log:\n" + "\n".join(line for line in lines if pattern.search(line))
 
     def completions(self) -> list[dict]:
         """The job completion log (jobcomp/filetxt), one dict per finished job."""

@@ -133,13 +133,48 @@ def past_epoch0(runs_dir: Path, seed: int | None = None) -> Path | None:
     return run if run and first_line(run / "metrics.jsonl") else None
 
 
-def finish(proc: subprocess.Popen, timeout: float) -> int:
-    try:
-        return proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-        raise AssertionError(f"the command did not end within {timeout:.0f} s") from None
+def finish(proc: subprocess.Popen, timeout: float, cluster: SlurmCluster | None = None,
+           runs_dir: Path | None = None) -> int:
+    """Wait for a command (a sweep) to end. With the cluster and the sweep's folder, a job of
+    the sweep that Slurm ended as failed stops the wait at once: submitit cannot learn that
+    without accounting (no sacct here) and would wait for the job's result for ever."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return proc.wait(min(5.0, max(0.1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            pass
+        failed = _failed_sweep_jobs(cluster, runs_dir)
+        if failed or time.monotonic() >= deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+            why = (f"sweep job(s) {', '.join(failed)} ended FAILED in Slurm" if failed
+                   else f"the command did not end within {timeout:.0f} s")
+            raise AssertionError(f"{why}\n{_sweep_diagnostics(cluster, runs_dir)}") from None
+
+
+def _sweep_job_ids(runs_dir: Path | None) -> list[str]:
+    folder = runs_dir / ".submitit" if runs_dir else None
+    return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder and folder.is_dir() else []
+
+
+def _failed_sweep_jobs(cluster: SlurmCluster | None, runs_dir: Path | None) -> list[str]:
+    if cluster is None:
+        return []
+    return [job for job in _sweep_job_ids(runs_dir)
+            if cluster.state(job) in {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}]
+
+
+def _sweep_diagnostics(cluster: SlurmCluster | None, runs_dir: Path | None) -> str:
+    """The jobs' Slurm records, controller log lines and submitit logs, for a failure message."""
+    if cluster is None:
+        return ""
+    parts = []
+    for job in _sweep_job_ids(runs_dir):
+        parts += [f"--- job {job}: {cluster.job(job)}", cluster.controller_log(job)]
+        for log in sorted((runs_dir / ".submitit" / job).glob("*_log.*")):
+            parts.append(f"--- {log.name}\n{tail(log.read_text(errors='replace'), 1500)}")
+    return "\n".join(parts)
 
 
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
@@ -185,7 +220,8 @@ def uninterrupted_sweep(slurm_cluster, tmp_path_factory):
     base = tmp_path_factory.mktemp("sweep")
     runs_dir, log = base / "runs", base / "sweep.log"
     start = time.monotonic()
-    rc = finish(sweep(slurm_cluster, runs_dir, log), timeout=240)
+    rc = finish(sweep(slurm_cluster, runs_dir, log), timeout=240, cluster=slurm_cluster,
+                runs_dir=runs_dir)
     return {"rc": rc, "runs_dir": runs_dir, "output": log.read_text(errors="replace"),
             "seconds": time.monotonic() - start}
 
@@ -241,7 +277,7 @@ def test_requeued_and_time_limited_jobs_resume_their_own_run_with_identical_metr
             interrupted[seed] = (run, job_id, first_line(run / "metrics.jsonl"))
         for seed, (run, job_id, _) in interrupted.items():
             slurm_cluster.start_requeued(job_id)
-        rc = finish(proc, timeout=240)
+        rc = finish(proc, timeout=240, cluster=slurm_cluster, runs_dir=runs_dir)
     out = log.read_text(errors="replace")
     assert rc == 0, tail(out)
     assert sorted(seed_runs(runs_dir)) == [1, 2]
@@ -338,7 +374,7 @@ def test_a_two_task_sweep_job_is_one_two_rank_run_that_resumes_after_the_time_li
         job_id, epoch0 = hydra_job_id(run), first_line(run / "metrics.jsonl")
         slurm_cluster.run(["scancel", "--signal=USR2", job_id])
         slurm_cluster.start_requeued(job_id)
-        rc = finish(proc, timeout=240)
+        rc = finish(proc, timeout=240, cluster=slurm_cluster, runs_dir=runs_dir)
     out = log.read_text(errors="replace")
     assert rc == 0, tail(out)
     rank0, rank1 = submitit_log(runs_dir, job_id), (runs_dir / ".submitit" / job_id)
