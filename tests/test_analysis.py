@@ -31,13 +31,13 @@ def write_run(root: Path, name: str, *, table="table1", figure=None, model="resn
               metric="test_acc", floats=1000, bytes_per_float=4, epoch_time=2.0, compute=1.5,
               steps=10, collectives=6, world_size=2, status="completed", layers=3,
               critical=None, global_batch=None, schedule=None, lrs=None, lr_scales=None,
-              data=None, width=None, critical_model=None) -> Path:
+              data=None, width=None, critical_model=None, preset=None) -> Path:
     """A run directory as the trainer writes it; epoch e's accuracy is accs[e].
     schedule: keys that replace the default static schedule's; lrs / lr_scales / critical_model:
     per-epoch values; data: summary.json's data description; width: model.width."""
     run_dir = root / name
     run_dir.mkdir(parents=True)
-    config = {"run": {"name": f"{table or figure}/{model}_{method}", "table": table,
+    config = {"run": {"name": preset or f"{table or figure}/{model}_{method}", "table": table,
                       "figure": figure, "method": method, "label": label},
               "seed": seed, "scale": {"name": scale, "epochs_factor": 1},
               "model": {"name": model, **({"width": width} if width is not None else {})},
@@ -523,3 +523,48 @@ def test_command_line_entry_point(tmp_path, capsys):
     assert "table1:" in out.out and "fig9" in out.err
     assert "25gbit p=4" in (tmp_path / "out/tables/table1.md").read_text()
     assert not math.isnan(float(read_csv(tmp_path / "out/tables/table1.csv")[1]["predicted_time_s"]))
+
+
+def test_a_figure_over_several_scales_is_drawn_once_per_scale(tmp_path):
+    """fig2 from the most faithful scale present, fig2_<scale> from each other: curves of
+    different run lengths never share an axis."""
+    runs = tmp_path / "runs"
+    for scale, accs in (("cpu", (30.0, 50.0, 60.0, 65.0)), ("cpu_full", (40.0, 70.0))):
+        for method in ("high_inside", "high_outside"):
+            write_run(runs, f"{scale}/fig2/{method}", table=None, figure="fig2", method=method,
+                      scale=scale, accs=accs)
+    written = quiet_build(runs, tmp_path / "out", figures=True)
+    assert {"fig2", "fig2_cpu"} <= set(written) and "fig2_cpu_full" not in written
+    from accordion_repro.analysis.build import _by_scale
+    from accordion_repro.analysis.collect import collect_runs
+
+    frame = collect_runs(runs).frame
+    parts = dict(_by_scale(frame, "fig2"))
+    assert set(parts["fig2"]["scale.name"]) == {"cpu_full"}
+    assert set(parts["fig2_cpu"]["scale.name"]) == {"cpu"}
+
+
+def test_figure2_draws_table1_runs_of_the_same_config_where_it_has_none(tmp_path):
+    """The whole-CIFAR study runs Table 1's ResNet-18 cells once; Figure 2 reads them for its
+    Rank 2 / Rank 1 / Accordion curves and its norm trace, and says so; a figure run of its
+    own preset at that scale wins over the twin."""
+    from accordion_repro.analysis.build import _with_twins
+    from accordion_repro.analysis.collect import collect_runs
+    from accordion_repro.analysis.figures import twins_text
+
+    runs = tmp_path / "runs"
+    write_run(runs, "fig2/high_inside", table=None, figure="fig2", method="high_inside")
+    write_run(runs, "table1/accordion", method="accordion", label="Accordion 2<->1",
+              preset="table1/resnet18_powersgd_accordion")
+    write_run(runs, "table1/static_high", method="static_high", label="Rank 1", rank=1,
+              preset="table1/resnet18_powersgd_static_high")
+    write_run(runs, "fig2/static_high", table=None, figure="fig2", method="static_high", rank=1)
+    frame = collect_runs(runs).frame
+    own = frame[frame["run.figure"] == "fig2"]
+    merged = _with_twins(frame, own, "fig2")
+    twins = merged[merged["twin_of"].notna()]
+    assert set(twins["twin_of"]) == {"table1/resnet18_powersgd_accordion"}
+    assert set(twins["run.figure"]) == {"fig2"} and set(twins["run.method"]) == {"accordion"}
+    assert set(merged["run.method"]) == {"high_inside", "static_high", "accordion"}
+    assert len(merged[merged["run.method"] == "static_high"]["run_dir"].unique()) == 1
+    assert "table1/resnet18_powersgd_accordion" in twins_text(merged)

@@ -22,3 +22,13 @@ def test_every_reproduction_run_is_a_preset_that_composes_at_cpu_scale(tmp_path)
         cfg = compose_cfg(overrides)
         assert cfg.scale.name == "cpu" and cfg.run.name == preset and cfg.seed == 42
         assert cfg.dataset.name == ("wikitext2" if "lstm" in preset else "npz")
+
+
+def test_several_only_patterns_run_pattern_by_pattern_each_run_once():
+    script = _script()
+    order = script.run_order("cpu_full", [42], ["fig10/*", "fig9/*", "*"])
+    presets = [preset for preset, _ in order]
+    assert presets[:3] == [p for p in script.FULL_EXTRA if p.startswith("fig10/")]
+    assert presets[3:8] == [p for p in script.FULL_EXTRA if p.startswith("fig9/")]
+    assert len(presets) == len(set(presets)) == len(script.FULL_CORE) + len(script.FULL_EXTRA)
+    assert script.run_order("cpu_full", [42], ["*"]) == script.run_order("cpu_full", [42], ["*", "*"])

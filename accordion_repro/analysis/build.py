@@ -9,7 +9,7 @@ import pandas as pd
 
 from accordion_repro.analysis.collect import SkippedRunWarning, collect_runs
 from accordion_repro.analysis.costmodel import resolve_network
-from accordion_repro.analysis.layout import FIGURES, TABLES, run_command
+from accordion_repro.analysis.layout import FIGURES, TABLES, TWINS, run_command
 from accordion_repro.analysis.summarize import summarize_runs
 from accordion_repro.analysis.tables import write_table
 from accordion_repro.errors import ConfigError
@@ -53,22 +53,58 @@ def build_all(runs_dir: str | Path = "results/runs", out_dir: str | Path = "resu
     return written
 
 
+def _write_one_figure(figures, builder, figure_id: str, name: str, figure_frame: pd.DataFrame,
+                      out_dir: Path, written: dict) -> None:
+    present = set(figure_frame["run.method"]) if not figure_frame.empty else set()
+    missing = [cell for cell in FIGURES[figure_id].cells if cell.method not in present]
+    if missing:
+        scale = "paper" if figure_frame.empty else str(figure_frame["scale.name"].iloc[0])
+        commands = "; ".join(run_command(cell.preset, scale) for cell in missing)
+        state = "no runs" if figure_frame.empty else "curves missing"
+        warnings.warn(f"{name}: {state}; run {commands}", MissingFigureWarning, stacklevel=3)
+    if not figure_frame.empty:
+        written[name] = figures.write_figure(builder(figure_frame), out_dir, name)
+
+
+# The most faithful scale first: a figure whose runs span several scales is drawn once per
+# scale, `figN` from the first of these that has runs and `figN_<scale>` from each other one
+# (curves of 16 and 12 epochs on one axis would compare nothing).
+SCALE_PREFERENCE = ("paper", "cpu_full", "cpu")
+
+
+def _by_scale(frame: pd.DataFrame, figure_id: str) -> list[tuple[str, pd.DataFrame]]:
+    """(output name, runs of one scale) for a figure's runs, the preferred scale unsuffixed."""
+    if frame.empty or "scale.name" not in frame:
+        return [(figure_id, frame)]
+    scales = sorted(frame["scale.name"].dropna().astype(str).unique(),
+                    key=lambda s: (SCALE_PREFERENCE.index(s) if s in SCALE_PREFERENCE
+                                   else len(SCALE_PREFERENCE), s))
+    return [(figure_id if i == 0 else f"{figure_id}_{scale}", frame[frame["scale.name"] == scale])
+            for i, scale in enumerate(scales)] or [(figure_id, frame)]
+
+
+def _with_twins(frame: pd.DataFrame, own: pd.DataFrame, figure_id: str) -> pd.DataFrame:
+    """A figure's runs plus, per scale, the table runs of TWINS for the cells it has no run
+    of; these keep their run directory and get `twin_of` = their table preset."""
+    twins = []
+    for method, preset in TWINS.get(figure_id, {}).items():
+        rows = frame[_column_equals(frame, "run.name", preset)]
+        if rows.empty:
+            continue
+        have = set(own.loc[_column_equals(own, "run.method", method), "scale.name"]) if not own.empty else set()
+        rows = rows[~rows["scale.name"].isin(have)].copy()
+        rows["run.figure"], rows["run.method"], rows["twin_of"] = figure_id, method, preset
+        twins.append(rows)
+    return pd.concat([own, *twins], ignore_index=True) if twins else own
+
+
 def _write_figures(frame: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> dict[str, list[Path]]:
     written: dict[str, list[Path]] = {}
     figures, builders = _figure_builders()
     for figure_id, builder in builders.items():
-        figure_frame = frame[_column_equals(frame, "run.figure", figure_id)]
-        present = set(figure_frame["run.method"]) if not figure_frame.empty else set()
-        missing = [cell for cell in FIGURES[figure_id].cells if cell.method not in present]
-        if missing:
-            scale = "paper" if figure_frame.empty else str(figure_frame["scale.name"].iloc[0])
-            commands = "; ".join(run_command(cell.preset, scale) for cell in missing)
-            state = "no runs" if figure_frame.empty else "curves missing"
-            warnings.warn(f"{figure_id}: {state}; run {commands}", MissingFigureWarning,
-                          stacklevel=2)
-        if figure_frame.empty:
-            continue
-        written[figure_id] = figures.write_figure(builder(figure_frame), out_dir, figure_id)
+        own = frame[_column_equals(frame, "run.figure", figure_id)]
+        for name, figure_frame in _by_scale(_with_twins(frame, own, figure_id), figure_id):
+            _write_one_figure(figures, builder, figure_id, name, figure_frame, out_dir, written)
     for table_id, spec in TABLES.items():
         table_runs = runs[runs["run.table"] == table_id]
         if table_runs.empty:

@@ -71,6 +71,14 @@ def setup_text(frame: pd.DataFrame, spec: FigureSpec, differences: list[str] = (
     return "\n".join(lines)
 
 
+def twins_text(runs: pd.DataFrame) -> str:
+    """'\nalso drawn: table1/... (same config)' for curves read from a table's runs."""
+    if "twin_of" not in runs:
+        return ""
+    presets = _sorted_unique(runs["twin_of"])
+    return f"\ndrawn from the same configuration's table runs: {', '.join(presets)}" if presets else ""
+
+
 def _integer_epochs(axes) -> None:
     axes.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
 
@@ -328,7 +336,7 @@ def figure2(runs: pd.DataFrame, spec: FigureSpec = FIGURES["fig2"]) -> Figure:
     accuracy_axes.legend(loc="lower right")
     accuracy_axes.set_title("(b) test accuracy with high compression only inside\n"
                             "or only outside the critical regimes")
-    figure.suptitle(_wrapped(f"{spec.title}\n{setup_text(runs, spec)}", figure))
+    figure.suptitle(_wrapped(f"{spec.title}\n{setup_text(runs, spec)}{twins_text(runs)}", figure))
     return figure
 
 

@@ -207,6 +207,16 @@ FIGURES: dict[str, FigureSpec] = {
 }
 
 
+# Figure cells whose preset is a table cell's configuration under another name: where a scale
+# has no run of the figure's own preset, the table's run of that scale draws the curve (the
+# whole-CIFAR study runs Table 1's three ResNet-18 cells once and Figure 2 reads them).
+TWINS: dict[str, dict[str, str]] = {
+    "fig2": {"static_low": "table1/resnet18_powersgd_static_low",
+             "static_high": "table1/resnet18_powersgd_static_high",
+             "accordion": "table1/resnet18_powersgd_accordion"},
+}
+
+
 def all_presets() -> list[str]:
     """Every preset name the tables and figures need, in layout order."""
     names = [cell.preset for table in TABLES.values() for cell in table.cells]
