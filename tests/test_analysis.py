@@ -19,7 +19,7 @@ import yaml
 from accordion_repro.analysis.build import MissingFigureWarning, build_all
 from accordion_repro.analysis.collect import SkippedRunWarning, collect_runs
 from accordion_repro.analysis.costmodel import collective_op, predict_epoch_time
-from accordion_repro.analysis.layout import FIGURES, TABLES, all_presets, run_command
+from accordion_repro.analysis.layout import FIGURES, TABLES, TWINS, all_presets, run_command
 from accordion_repro.analysis.reference import official_final, official_results
 
 
@@ -568,3 +568,31 @@ def test_figure2_draws_table1_runs_of_the_same_config_where_it_has_none(tmp_path
     assert set(merged["run.method"]) == {"high_inside", "static_high", "accordion"}
     assert len(merged[merged["run.method"] == "static_high"]["run_dir"].unique()) == 1
     assert "table1/resnet18_powersgd_accordion" in twins_text(merged)
+
+
+@pytest.mark.parametrize("figure_id,method", [(f, m) for f, twins in TWINS.items() for m in twins],
+                         ids=lambda v: str(v))
+@pytest.mark.parametrize("scale", ["paper", "cpu", "cpu_full"])
+def test_a_figure_cell_and_its_table_twin_are_one_configuration(figure_id, method, scale):
+    """A figure may draw a table's run in place of its own preset's only if the two presets
+    resolve to the same config at every scale, apart from the names."""
+    from omegaconf import OmegaConf
+
+    from conftest import compose_cfg
+
+    own = next(c.preset for c in FIGURES[figure_id].cells if c.method == method)
+
+    def resolved(preset):
+        cfg = OmegaConf.to_container(compose_cfg([f"experiment={preset}", f"scale={scale}"]),
+                                     resolve=True)
+        cfg.pop("run")
+        cfg["logger"]["wandb"].pop("group", None)
+        # A micro-batch cap at or above the per-worker batch splits nothing (the batch
+        # presets set one for their B_high; their B_low cell never reaches it).
+        trainer = cfg["trainer"]
+        if trainer["max_micro_batch"] is not None and trainer["max_micro_batch"] >= trainer["batch_size"] \
+                and cfg["schedule"]["name"] == "static":
+            trainer["max_micro_batch"] = None
+        return cfg
+
+    assert resolved(own) == resolved(TWINS[figure_id][method])
