@@ -384,7 +384,7 @@ def figure10(runs: pd.DataFrame, spec: FigureSpec = FIGURES["fig10"]) -> Figure:
     axes.legend(handles, labels, loc="lower right")
     axes.set_ylabel("Test accuracy (%, solid)")
     setup = setup_text(runs, spec, _batch_differences(runs, spec))
-    figure.suptitle(_wrapped(f"{spec.title}\n{setup}", figure))
+    figure.suptitle(_wrapped(f"{spec.title}\n{setup}{twins_text(runs)}", figure))
     return figure
 
 
