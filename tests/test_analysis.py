@@ -568,6 +568,12 @@ def test_figure2_draws_table1_runs_of_the_same_config_where_it_has_none(tmp_path
     assert set(merged["run.method"]) == {"high_inside", "static_high", "accordion"}
     assert len(merged[merged["run.method"] == "static_high"]["run_dir"].unique()) == 1
     assert "table1/resnet18_powersgd_accordion" in twins_text(merged)
+    # a scale where the figure has no run of its own gets no twins (and so no figure)
+    write_run(runs, "cpu_full/table1/accordion", method="accordion", scale="cpu_full",
+              preset="table1/resnet18_powersgd_accordion")
+    frame = collect_runs(runs).frame
+    merged = _with_twins(frame, frame[frame["run.figure"] == "fig2"], "fig2")
+    assert set(merged["scale.name"]) == {"cpu"}
 
 
 @pytest.mark.parametrize("figure_id,method", [(f, m) for f, twins in TWINS.items() for m in twins],

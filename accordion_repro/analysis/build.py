@@ -84,11 +84,14 @@ def _by_scale(frame: pd.DataFrame, figure_id: str) -> list[tuple[str, pd.DataFra
 
 
 def _with_twins(frame: pd.DataFrame, own: pd.DataFrame, figure_id: str) -> pd.DataFrame:
-    """A figure's runs plus, per scale, the table runs of TWINS for the cells it has no run
-    of; these keep their run directory and get `twin_of` = their table preset."""
+    """A figure's runs plus, at each scale where it has runs of its own, the table runs of
+    TWINS for the cells it has no run of; these keep their run directory and get `twin_of` =
+    their table preset. (A scale with only twins gets no figure: it would draw the table.)"""
     twins = []
+    scales = set(own["scale.name"]) if not own.empty and "scale.name" in own else set()
     for method, preset in TWINS.get(figure_id, {}).items():
         rows = frame[_column_equals(frame, "run.name", preset)]
+        rows = rows[rows["scale.name"].isin(scales)] if not rows.empty else rows
         if rows.empty:
             continue
         have = set(own.loc[_column_equals(own, "run.method", method), "scale.name"]) if not own.empty else set()
