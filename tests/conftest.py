@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import time
 from pathlib import Path
 
@@ -160,6 +160,7 @@ class SlurmCluster:
     NODE = "localhost"
     PARTITION = "debug"
     CRED_EXPIRE_S = 15  # a requeued job starts again this long (+1 s) after its requeue
+    FAILED_STATES = frozenset({"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"})
 
     def __init__(self, directory: Path):
         self.dir = Path(directory)
@@ -407,7 +408,7 @@ PartitionName={self.PARTITION} Nodes={self.NODE} Default=YES MaxTime=INFINITE St
                 state = info.get("JobState")
                 if state == "RUNNING" or state == "COMPLETED":
                     return
-                if state in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+                if state in self.FAILED_STATES:
                     raise AssertionError(f"job {job_id} ended {state} after its requeue: {info}\n"
                                          f"{self.controller_log(job_id)}")
             time.sleep(0.3)

@@ -550,7 +550,7 @@ def test_figure2_draws_table1_runs_of_the_same_config_where_it_has_none(tmp_path
     own preset at that scale wins over the twin."""
     from accordion_repro.analysis.build import _with_twins
     from accordion_repro.analysis.collect import collect_runs
-    from accordion_repro.analysis.figures import twins_text
+    from accordion_repro.analysis.figures import setup_text
 
     runs = tmp_path / "runs"
     write_run(runs, "fig2/high_inside", table=None, figure="fig2", method="high_inside")
@@ -567,7 +567,7 @@ def test_figure2_draws_table1_runs_of_the_same_config_where_it_has_none(tmp_path
     assert set(twins["run.figure"]) == {"fig2"} and set(twins["run.method"]) == {"accordion"}
     assert set(merged["run.method"]) == {"high_inside", "static_high", "accordion"}
     assert len(merged[merged["run.method"] == "static_high"]["run_dir"].unique()) == 1
-    assert "table1/resnet18_powersgd_accordion" in twins_text(merged)
+    assert "table runs: table1/resnet18_powersgd_accordion" in setup_text(merged, FIGURES["fig2"])
     # a scale where the figure has no run of its own gets no twins (and so no figure)
     write_run(runs, "cpu_full/table1/accordion", method="accordion", scale="cpu_full",
               preset="table1/resnet18_powersgd_accordion")

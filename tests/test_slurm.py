@@ -133,51 +133,42 @@ def past_epoch0(runs_dir: Path, seed: int | None = None) -> Path | None:
     return run if run and first_line(run / "metrics.jsonl") else None
 
 
-def finish(proc: subprocess.Popen, timeout: float, cluster: SlurmCluster | None = None,
-           runs_dir: Path | None = None) -> int:
-    """Wait for a command (a sweep) to end. With the cluster and the sweep's folder, a job of
-    the sweep that Slurm ended as failed stops the wait at once: submitit cannot learn that
-    without accounting (no sacct here) and would wait for the job's result for ever."""
+def finish(proc: subprocess.Popen, timeout: float, cluster: SlurmCluster, runs_dir: Path) -> int:
+    """Wait for a sweep to end. A job of the sweep that Slurm ended as failed stops the wait
+    at once: submitit cannot learn that without accounting (no sacct here) and would wait for
+    the job's result for ever."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             return proc.wait(min(5.0, max(0.1, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
             pass
-        failed = _failed_sweep_jobs(cluster, runs_dir)
+        jobs = _sweep_job_ids(runs_dir)
+        failed = [job for job in jobs if cluster.state(job) in SlurmCluster.FAILED_STATES]
         if failed or time.monotonic() >= deadline:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
             why = (f"sweep job(s) {', '.join(failed)} ended FAILED in Slurm" if failed
                    else f"the command did not end within {timeout:.0f} s")
-            raise AssertionError(f"{why}\n{_sweep_diagnostics(cluster, runs_dir)}") from None
+            raise AssertionError(f"{why}\n{_sweep_diagnostics(cluster, runs_dir, jobs)}") from None
 
 
-def _sweep_job_ids(runs_dir: Path | None) -> list[str]:
-    folder = runs_dir / ".submitit" if runs_dir else None
-    return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder and folder.is_dir() else []
+def _sweep_job_ids(runs_dir: Path) -> list[str]:
+    folder = runs_dir / ".submitit"
+    return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
 
 
-def _failed_sweep_jobs(cluster: SlurmCluster | None, runs_dir: Path | None) -> list[str]:
-    if cluster is None:
-        return []
-    return [job for job in _sweep_job_ids(runs_dir)
-            if cluster.state(job) in {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}]
-
-
-def _sweep_diagnostics(cluster: SlurmCluster | None, runs_dir: Path | None) -> str:
+def _sweep_diagnostics(cluster: SlurmCluster, runs_dir: Path, jobs: list[str]) -> str:
     """The jobs' Slurm records, controller log lines and submitit logs, for a failure message."""
-    if cluster is None:
-        return ""
     parts = []
-    for job in _sweep_job_ids(runs_dir):
+    for job in jobs:
         parts += [f"--- job {job}: {cluster.job(job)}", cluster.controller_log(job)]
         for log in sorted((runs_dir / ".submitit" / job).glob("*_log.*")):
             parts.append(f"--- {log.name}\n{tail(log.read_text(errors='replace'), 1500)}")
     return "\n".join(parts)
 
 
-ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+ENDED = {"COMPLETED"} | SlurmCluster.FAILED_STATES
 
 
 def sbatch(cluster: SlurmCluster, tmp_path: Path, overrides: list[str], *, wait: bool,

@@ -87,15 +87,16 @@ def _with_twins(frame: pd.DataFrame, own: pd.DataFrame, figure_id: str) -> pd.Da
     """A figure's runs plus, at each scale where it has runs of its own, the table runs of
     TWINS for the cells it has no run of; these keep their run directory and get `twin_of` =
     their table preset. (A scale with only twins gets no figure: it would draw the table.)"""
+    if own.empty or "scale.name" not in own:
+        return own
+    scales = set(own["scale.name"])
     twins = []
-    scales = set(own["scale.name"]) if not own.empty and "scale.name" in own else set()
     for method, preset in TWINS.get(figure_id, {}).items():
+        have = set(own.loc[own["run.method"] == method, "scale.name"])
         rows = frame[_column_equals(frame, "run.name", preset)]
-        rows = rows[rows["scale.name"].isin(scales)] if not rows.empty else rows
+        rows = rows[rows["scale.name"].isin(scales - have)].copy()
         if rows.empty:
             continue
-        have = set(own.loc[_column_equals(own, "run.method", method), "scale.name"]) if not own.empty else set()
-        rows = rows[~rows["scale.name"].isin(have)].copy()
         rows["run.figure"], rows["run.method"], rows["twin_of"] = figure_id, method, preset
         twins.append(rows)
     return pd.concat([own, *twins], ignore_index=True) if twins else own

@@ -68,15 +68,10 @@ def setup_text(frame: pd.DataFrame, spec: FigureSpec, differences: list[str] = (
     notes += list(differences)
     if notes:
         lines.append("differs from the paper: " + "; ".join(notes))
+    twins = _sorted_unique(frame["twin_of"]) if "twin_of" in frame else []
+    if twins:  # curves read from a table's runs of the same config (analysis/layout.py TWINS)
+        lines.append(f"drawn from the same configuration's table runs: {', '.join(twins)}")
     return "\n".join(lines)
-
-
-def twins_text(runs: pd.DataFrame) -> str:
-    """'\nalso drawn: table1/... (same config)' for curves read from a table's runs."""
-    if "twin_of" not in runs:
-        return ""
-    presets = _sorted_unique(runs["twin_of"])
-    return f"\ndrawn from the same configuration's table runs: {', '.join(presets)}" if presets else ""
 
 
 def _integer_epochs(axes) -> None:
@@ -336,7 +331,7 @@ def figure2(runs: pd.DataFrame, spec: FigureSpec = FIGURES["fig2"]) -> Figure:
     accuracy_axes.legend(loc="lower right")
     accuracy_axes.set_title("(b) test accuracy with high compression only inside\n"
                             "or only outside the critical regimes")
-    figure.suptitle(_wrapped(f"{spec.title}\n{setup_text(runs, spec)}{twins_text(runs)}", figure))
+    figure.suptitle(_wrapped(f"{spec.title}\n{setup_text(runs, spec)}", figure))
     return figure
 
 
@@ -384,7 +379,7 @@ def figure10(runs: pd.DataFrame, spec: FigureSpec = FIGURES["fig10"]) -> Figure:
     axes.legend(handles, labels, loc="lower right")
     axes.set_ylabel("Test accuracy (%, solid)")
     setup = setup_text(runs, spec, _batch_differences(runs, spec))
-    figure.suptitle(_wrapped(f"{spec.title}\n{setup}{twins_text(runs)}", figure))
+    figure.suptitle(_wrapped(f"{spec.title}\n{setup}", figure))
     return figure
 
 
