@@ -85,12 +85,21 @@ def submitit_log(runs_dir: Path, job_id: str) -> str:
     return "\n".join(p.read_text(errors="replace") for p in sorted(folder.glob(f"{job_id}_0_log.*")))
 
 
-def completions(cluster: SlurmCluster, job_id: str) -> list[dict]:
-    """The job completion log's records for a job (`8_0` = array job 8, task 0)."""
+def completions(cluster: SlurmCluster, job_id: str, timeout: float = 60) -> list[dict]:
+    """The job completion log's records for a job (`8_0` = array job 8, task 0), once it has
+    one: a sweep returns as soon as submitit's job has written its result, which is before
+    Slurm has ended the job and logged its completion."""
     array, _, task = str(job_id).partition("_")
-    return [r for r in cluster.completions()
-            if (task and r.get("ArrayJobId") == array and r.get("ArrayTaskId") == task)
-            or (not task and r.get("JobId") == str(job_id))]
+
+    def records():
+        return [r for r in cluster.completions()
+                if (task and r.get("ArrayJobId") == array and r.get("ArrayTaskId") == task)
+                or (not task and r.get("JobId") == str(job_id))]
+
+    try:
+        return wait_until(records, timeout=timeout, what=f"job {job_id}'s completion record", poll=0.5)
+    except AssertionError:
+        return []
 
 
 def tail(text: str, n: int = 6000) -> str:
