@@ -19,16 +19,27 @@ OPS = (ALLREDUCE, ALLGATHER)
 
 @dataclass(frozen=True)
 class Network:
-    """A link: bandwidth in bits per second (so 10 Gbit/s is 10e9) and per-message latency."""
+    """A link: bandwidth in bits per second (so 10 Gbit/s is 10e9) and per-message latency.
+
+    `allreduce_rate` and `allgather_rate` are the fractions of the line rate the backend's
+    collectives reach on it (1.0: an ideal ring). gloo's all-gather reaches ~0.6 of a shaped
+    100 Mbit/s or 1 Gbit/s link where its all-reduce reaches ~0.92 (docs/network_bench.md), so
+    a model that means to predict gloo measures them once per link.
+    """
 
     bandwidth_bps: float
     latency_s: float
+    allreduce_rate: float = 1.0
+    allgather_rate: float = 1.0
 
     def __post_init__(self):
         if not self.bandwidth_bps > 0:
             raise ValueError(f"bandwidth_bps must be positive, got {self.bandwidth_bps}")
         if self.latency_s < 0:
             raise ValueError(f"latency_s must be >= 0, got {self.latency_s}")
+        for name in ("allreduce_rate", "allgather_rate"):
+            if not 0 < getattr(self, name) <= 1.5:
+                raise ValueError(f"{name} must be in (0, 1.5], got {getattr(self, name)}")
 
     def seconds_for_bytes(self, nbytes: float) -> float:
         return 8.0 * nbytes / self.bandwidth_bps
@@ -58,7 +69,7 @@ def allreduce_time(nbytes: float, workers: int, net: str | Network, collectives:
     network = resolve_network(net)
     p = _check_workers(workers)
     return collectives * 2 * (p - 1) * network.latency_s \
-        + 2 * (p - 1) / p * network.seconds_for_bytes(nbytes)
+        + 2 * (p - 1) / p * network.seconds_for_bytes(nbytes) / network.allreduce_rate
 
 
 def allgather_time(nbytes_per_worker: float, workers: int, net: str | Network,
@@ -68,7 +79,7 @@ def allgather_time(nbytes_per_worker: float, workers: int, net: str | Network,
     network = resolve_network(net)
     p = _check_workers(workers)
     return collectives * (p - 1) * network.latency_s \
-        + (p - 1) / p * network.seconds_for_bytes(p * nbytes_per_worker)
+        + (p - 1) / p * network.seconds_for_bytes(p * nbytes_per_worker) / network.allgather_rate
 
 
 def comm_time_per_step(bytes_per_step: float, collectives_per_step: float, op: str,
@@ -78,6 +89,15 @@ def comm_time_per_step(bytes_per_step: float, collectives_per_step: float, op: s
     if op == ALLGATHER:
         return allgather_time(bytes_per_step, workers, net, collectives_per_step)
     raise ValueError(f"op must be one of {OPS}, got {op!r}")
+
+
+def step_comm_time(bytes_sent: float, collectives: float, allgather_bytes: float,
+                   allgathers: float, net: str | Network, workers: int) -> float:
+    """One step's communication from what a worker handed to its collectives (the trainer's
+    per-epoch `bytes_sent`, `collectives`, `allgather_bytes_sent` and `allgathers`, divided by
+    its steps): the all-gathers as a ring all-gather, the rest as a ring all-reduce."""
+    return (allreduce_time(bytes_sent - allgather_bytes, workers, net, collectives - allgathers)
+            + allgather_time(allgather_bytes, workers, net, allgathers))
 
 
 def predict_epoch_time(compute_s_per_step: float, steps: int, bytes_per_step: float,

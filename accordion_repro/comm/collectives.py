@@ -63,7 +63,9 @@ class Communicator:
             return local.unsqueeze(0).expand(self.world_size, local.numel()), None
         out = torch.empty(self.world_size * local.numel(), dtype=local.dtype, device=local.device)
         stats.collectives += 1
+        stats.allgathers += 1
         stats.bytes_sent += local.numel() * local.element_size()
+        stats.allgather_bytes += local.numel() * local.element_size()
         handle = _all_gather_flat(out, local, group=self.group, async_op=True)
         return out.view(self.world_size, local.numel()), handle
 

@@ -12,16 +12,22 @@ class CommStats:
     `floats_sent` follows the paper's convention (facts section 8) so totals are comparable
     with the released logs; `bytes_sent` is what really went into collectives here (0 when the
     run has no process group), so the two can legitimately differ (Top-K indices are int32,
-    the all-gather output is not counted, a single worker sends nothing).
+    the all-gather output is not counted, a single worker sends nothing). The all-gathers'
+    share is kept apart because a ring all-gather and a ring all-reduce of the same buffer
+    cost differently (the network cost model needs each).
     """
 
     floats_sent: int = 0
     bytes_sent: int = 0
     collectives: int = 0
+    allgather_bytes: int = 0  # of bytes_sent, what went into all-gathers
+    allgathers: int = 0       # of collectives, how many were all-gathers
 
     def __add__(self, other: "CommStats") -> "CommStats":
         return CommStats(
             self.floats_sent + other.floats_sent,
             self.bytes_sent + other.bytes_sent,
             self.collectives + other.collectives,
+            self.allgather_bytes + other.allgather_bytes,
+            self.allgathers + other.allgathers,
         )

@@ -304,7 +304,7 @@ class Trainer:
         show = t["progress"] == "always" or (t["progress"] == "auto" and sys.stdout.isatty())
         bar = tqdm(total=steps_total, desc=f"epoch {epoch}", disable=not (show and self.rank == 0),
                    leave=False, dynamic_ncols=True)
-        floats = bytes_ = collectives = 0
+        floats = bytes_ = collectives = gather_bytes = gathers = 0
         # Losses stay on the device: one host sync per epoch, not per step.
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         steps = 0
@@ -354,6 +354,8 @@ class Trainer:
             floats += stats.floats_sent
             bytes_ += stats.bytes_sent
             collectives += stats.collectives
+            gather_bytes += stats.allgather_bytes
+            gathers += stats.allgathers
             loss_sum += step_loss
             step_losses[steps] = step_loss
             steps += 1
@@ -371,7 +373,8 @@ class Trainer:
             "epoch": epoch, "lr": lr, "train_loss": train_loss, "steps": steps,
             "batch_size": global_batch, "global_batch": global_batch, "micro_batch": micro,
             "accumulation": accum, "floats_sent": floats, "bytes_sent": bytes_,
-            "collectives": collectives, "epoch_time_s": epoch_time, "compute_time_s": compute_s,
+            "collectives": collectives, "allgather_bytes_sent": gather_bytes, "allgathers": gathers,
+            "epoch_time_s": epoch_time, "compute_time_s": compute_s,
             "comm_time_s": comm_s,
         }
 

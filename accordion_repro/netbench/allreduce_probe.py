@@ -28,6 +28,10 @@ class AllreduceMeasurement:
     def median_s(self) -> float:
         return statistics.median(self.times_s)
 
+    @property
+    def mean_s(self) -> float:
+        return statistics.fmean(self.times_s)
+
     def expected_s(self, link: LinkSpec) -> float:
         return self.bytes * 8 / link.bandwidth_bps
 

@@ -1,104 +1,190 @@
-"""Run training cases across the shaped link and turn their metrics into benchmark rows.
+"""Time one training step of each static configuration across a link, and calibrate the link.
 
-A link is first calibrated with two raw gloo all-reduces (a bulk one for the bandwidth the
-link really delivers, a one-float one for its per-collective latency); then each case runs as
-rank 0 and rank 1 of the real trainer, one per namespace, and rank 0's metrics.jsonl is read
-back. The cost model predicts each epoch from the same run's measured compute time and logged
-traffic, so its error isolates the communication part of the model.
+A link is calibrated with raw gloo collectives (a bulk all-reduce and a bulk all-gather: the
+rates the backend reaches; a one-float all-reduce: the per-collective latency), which is what
+the cost model is told about it. A step is timed by running the static run's own preset (its
+scale, model width, batch, compressor and level) as rank 0 and rank 1 of the real trainer,
+one per namespace, on synthetic images of the same shape, for a few short epochs: the median
+over epochs of the epoch's mean step is the measurement, the first epoch left out (it pays for
+warm-up and connection set-up).
+The unshaped pair (veth at memory speed) gives each configuration's step without a network
+in the way: its compute, compression included, which the cost model adds the link to.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
+from accordion_repro.analysis.costmodel import Network, step_comm_time
 from accordion_repro.netbench.allreduce_probe import AllreduceMeasurement, measure_shaped_allreduce
-from accordion_repro.netbench.cases import (
-    DENSE,
-    STATIC_LOW,
-    WORKERS,
-    BenchCase,
-    BenchScale,
-    run_overrides,
-)
 from accordion_repro.netbench.netns import LinkSpec, NamespacePair, ShapingReport
 from accordion_repro.netbench.ranks import run_two_ranks
+from accordion_repro.netbench.study import Run
 
+WORKERS = 2
+TIMED_EPOCHS = 3  # after one warm-up epoch
 BULK_NUMEL = 2_000_000  # 8 MB: long enough at 1 Gbit/s (64 ms) to swamp per-call overheads
-
-# (epoch record, compressor name, link calibration) -> predicted epoch seconds
-EpochPredictor = Callable[[dict, str, "LinkCalibration"], float]
 
 
 @dataclass(frozen=True)
 class LinkCalibration:
-    shaping: ShapingReport
+    """What raw gloo collectives do on one link; `shaping` None is the unshaped pair.
+
+    gloo's all-gather is bimodal on a shaped link: a call runs either near line rate or ~1.6x
+    slower, and large buffers are slow more often (docs/network_bench.md). So the all-gather is
+    probed at two sizes, its rate interpolated in log size, and every probe is summarised by
+    its mean (a whole run pays the mean over its steps, not the median).
+    """
+
+    shaping: ShapingReport | None
     bulk: AllreduceMeasurement
+    gather: AllreduceMeasurement        # the Top-K reducer's collective, same bytes as bulk
+    gather_small: AllreduceMeasurement  # and at 1/16 of the size
     tiny: AllreduceMeasurement
-    gather: AllreduceMeasurement  # the Top-K reducer's collective, same bytes per rank as bulk
 
     @property
-    def link(self) -> LinkSpec:
-        return self.shaping.link
+    def label(self) -> str:
+        return self.shaping.label if self.shaping else "unshaped veth"
 
     @property
-    def measured_bandwidth_bps(self) -> float:
-        return self.bulk.effective_bandwidth_bps()
+    def bandwidth_bps(self) -> float:
+        """The nominal rate; the unshaped pair has none, so its all-reduce defines it."""
+        return self.shaping.link.bandwidth_bps if self.shaping else self.bulk.bytes * 8 / self.bulk.mean_s
 
     @property
-    def base_latency_s(self) -> float:
-        """A two-worker ring all-reduce pays two latencies: half a one-float all-reduce."""
-        return self.tiny.median_s / 2
+    def latency_s(self) -> float:
+        """A two-worker ring all-reduce pays two latencies: half a one-float all-reduce, plus
+        the delay netem added (none where the kernel lacks netem)."""
+        added = self.shaping.effective_latency_s if self.shaping else 0.0
+        return self.tiny.median_s / 2 + added
 
-    @property
-    def model_latency_s(self) -> float:
-        """What the cost model is told: the delay we added plus what the stack costs anyway."""
-        return self.shaping.effective_latency_s + self.base_latency_s
+    def rate(self, m: AllreduceMeasurement) -> float:
+        """Fraction of the line rate a probe reached (ideal two-worker ring: size / bandwidth)."""
+        return min(1.0, m.bytes * 8 / self.bandwidth_bps / m.mean_s)
 
+    def allgather_rate(self, nbytes: float) -> float:
+        small, large = self.gather_small, self.gather
+        x = min(max(math.log(max(nbytes, 1.0)), math.log(small.bytes)), math.log(large.bytes))
+        w = (x - math.log(small.bytes)) / (math.log(large.bytes) - math.log(small.bytes))
+        return self.rate(small) + w * (self.rate(large) - self.rate(small))
 
-def calibrate(pair: NamespacePair, shaping: ShapingReport, work_dir: Path) -> LinkCalibration:
-    bulk = measure_shaped_allreduce(pair, numel=BULK_NUMEL, repeats=3, work_dir=work_dir / "bulk")
-    tiny = measure_shaped_allreduce(pair, numel=1, repeats=20, work_dir=work_dir / "tiny")
-    gather = measure_shaped_allreduce(pair, numel=BULK_NUMEL, repeats=3, op="allgather",
-                                      work_dir=work_dir / "gather")
-    return LinkCalibration(shaping=shaping, bulk=bulk, tiny=tiny, gather=gather)
-
-
-def costmodel_predictor() -> EpochPredictor | None:
-    """The suite's cost model when it is installed; None keeps the comparison columns empty."""
-    try:
-        from accordion_repro.analysis import costmodel
-    except ImportError:
-        return None
-
-    def predict(epoch: dict, compressor: str, calibration: LinkCalibration) -> float:
-        steps = max(int(epoch["steps"]), 1)
-        network = costmodel.Network(bandwidth_bps=calibration.link.bandwidth_bps,
-                                    latency_s=calibration.model_latency_s)
-        return costmodel.predict_epoch_time(
-            epoch["compute_time_s"] / steps, steps, epoch["bytes_sent"] / steps,
-            epoch["collectives"] / steps, costmodel.collective_op(compressor), network, WORKERS)
-
-    return predict
+    def network(self, allgather_bytes: float = 0.0) -> Network:
+        """The cost model's view of the link for a step whose all-gathers move `allgather_bytes`
+        per rank: nominal rate, the rates gloo reaches, latency."""
+        return Network(bandwidth_bps=self.bandwidth_bps, latency_s=self.latency_s,
+                       allreduce_rate=self.rate(self.bulk),
+                       allgather_rate=self.allgather_rate(allgather_bytes or self.gather.bytes))
 
 
-def trainer_argv(overrides: Sequence[str]) -> list[str]:
+PROBES = ("bulk", "gather", "gather_small", "tiny")
+
+
+def calibrate(pair: NamespacePair, work_dir: Path) -> dict:
+    """The raw probes of one link: name -> {numel, bytes, times_s}."""
+    def probe(numel, op, repeats=12):
+        m = measure_shaped_allreduce(pair, numel=numel, repeats=repeats, op=op,
+                                     work_dir=work_dir / f"{op}{numel}")
+        return {"numel": m.numel, "bytes": m.bytes, "times_s": m.times_s}
+
+    return {"bulk": probe(BULK_NUMEL, "allreduce"), "gather": probe(BULK_NUMEL, "allgather"),
+            "gather_small": probe(BULK_NUMEL // 16, "allgather"), "tiny": probe(1, "allreduce", 20)}
+
+
+def link_calibration(shaping: ShapingReport | None, probes: dict) -> LinkCalibration:
+    return LinkCalibration(shaping, **{name: AllreduceMeasurement(**probes[name]) for name in PROBES})
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One configuration's mean step on one link (per worker: rank 0's record)."""
+
+    step_s: float
+    compute_s: float
+    comm_s: float
+    bytes_sent: float
+    collectives: float
+    allgather_bytes: float
+    allgathers: float
+    steps: int
+
+    @classmethod
+    def from_epochs(cls, epochs: list[dict]) -> "StepTime":
+        """Medians over the epochs of each per-step mean."""
+        def per(key: str) -> float:
+            return statistics.median(float(e.get(key, 0)) / int(e["steps"]) for e in epochs)
+
+        return cls(step_s=per("epoch_time_s"), compute_s=per("compute_time_s"),
+                   comm_s=per("comm_time_s"), bytes_sent=per("bytes_sent"),
+                   collectives=per("collectives"), allgather_bytes=per("allgather_bytes_sent"),
+                   allgathers=per("allgathers"), steps=sum(int(e["steps"]) for e in epochs))
+
+    def network_s(self, network: Network) -> float:
+        """The cost model's communication for this step's collectives."""
+        return step_comm_time(self.bytes_sent, self.collectives, self.allgather_bytes,
+                              self.allgathers, network, WORKERS)
+
+    def gathered_per_call(self) -> float:
+        return self.allgather_bytes / self.allgathers if self.allgathers else 0.0
+
+
+def predicted_step(fast: StepTime, fast_link: LinkCalibration, link: LinkCalibration | Network) -> float:
+    """The cost model: the step without a network in the way (compute and compression, from
+    the unshaped pair, less the little the unshaped link itself cost) plus this link's time for
+    the same collectives."""
+    size = fast.gathered_per_call()
+    network = link if isinstance(link, Network) else link.network(size)
+    return fast.step_s - fast.network_s(fast_link.network(size)) + fast.network_s(network)
+
+
+def steps_for(global_batch: int, steps: int, reference_batch: int = 128) -> int:
+    """Steps per timed epoch: `steps` at the reference batch, fewer (>= 2) for larger batches,
+    whose steps are long anyway."""
+    return max(2, round(steps * reference_batch / global_batch))
+
+
+def step_overrides(run: Run, steps: int, run_dir: Path, *, epochs: int = 1 + TIMED_EPOCHS,
+                   extra: tuple[str, ...] = ()) -> list[str]:
+    """The run's own configuration (preset and scale), on synthetic images of the same shape:
+    `epochs` epochs of `steps` steps at its first epoch's global batch."""
+    batch = int(run.epochs[0]["global_batch"])
+    return [
+        f"experiment={run.preset}", f"scale={run.scale}", "dataset=synthetic_cifar10",
+        f"dataset.train_size={steps * batch}", "dataset.test_size=64", "trainer.max_eval_steps=1",
+        f"trainer.epochs={epochs}", *extra, "trainer.resume=never", "trainer.checkpoint=false",
+        "trainer.progress=never", "logger.wandb.mode=disabled", f"hydra.run.dir={run_dir}",
+    ]
+
+
+def trainer_argv(overrides: list[str]) -> list[str]:
     return [sys.executable, "-m", "accordion_repro.train", *overrides]
 
 
-def run_case(pair: NamespacePair, case: BenchCase, scale: BenchScale, run_dir: Path, *,
-             timeout_s: float) -> list[dict]:
-    """Train one case across the link; return rank 0's per-epoch metrics."""
+def run_trainer(pair: NamespacePair, overrides: list[str], run_dir: Path, *, timeout_s: float) -> list[dict]:
+    """Train across the link as rank 0 and rank 1; return rank 0's per-epoch records."""
     if run_dir.exists():
         shutil.rmtree(run_dir)  # never resume a previous attempt's checkpoint
     run_dir.mkdir(parents=True)
-    argv = trainer_argv(run_overrides(case, scale, str(run_dir)))
-    run_two_ranks(pair, argv, log_dir=run_dir / "logs", timeout_s=timeout_s)
+    run_two_ranks(pair, trainer_argv(overrides), log_dir=run_dir / "logs", timeout_s=timeout_s)
     return read_epochs(run_dir / "metrics.jsonl")
+
+
+# What the benchmark keeps of each trainer epoch (results/bench/network_raw.json).
+EPOCH_KEYS = ("epoch", "steps", "global_batch", "levels", "epoch_time_s", "compute_time_s",
+              "comm_time_s", "floats_sent", "bytes_sent", "collectives", "allgather_bytes_sent",
+              "allgathers")
+
+
+def time_step(pair: NamespacePair, run: Run, steps: int, run_dir: Path, *, timeout_s: float) -> list[dict]:
+    """Rank 0's epochs of the static run's configuration across the link (the first is the
+    warm-up; StepTime.from_epochs(epochs[1:]) is the step)."""
+    epochs = run_trainer(pair, step_overrides(run, steps, run_dir), run_dir, timeout_s=timeout_s)
+    return [{k: e[k] for k in EPOCH_KEYS if k in e} for e in epochs]
 
 
 def read_epochs(path: Path) -> list[dict]:
@@ -110,68 +196,13 @@ def read_epochs(path: Path) -> list[dict]:
     return epochs
 
 
-def case_row(case: BenchCase, epochs: list[dict], calibration: LinkCalibration,
-             predictor: EpochPredictor | None) -> dict:
-    """One table row: per-epoch means of what rank 0 measured, and the model's prediction."""
-    n = len(epochs)
-
-    def mean(key: str) -> float:
-        return sum(float(e[key]) for e in epochs) / n
-
-    row = {
-        "link": calibration.shaping.label,
-        "bandwidth_bps": calibration.link.bandwidth_bps,
-        "latency_s": calibration.link.latency_s,
-        "latency_applied": calibration.shaping.latency_applied,
-        "measured_link_bps": round(calibration.measured_bandwidth_bps),
-        "model_latency_s": calibration.model_latency_s,
-        "case": case.name, "family": case.family, "method": case.method, "label": case.label,
-        "epochs": n,
-        "steps_per_epoch": mean("steps"),
-        "epoch_time_s": mean("epoch_time_s"),
-        "compute_time_s": mean("compute_time_s"),
-        "comm_time_s": mean("comm_time_s"),
-        "floats_sent_per_epoch": mean("floats_sent"),
-        "bytes_sent_per_epoch": mean("bytes_sent"),
-        "floats_sent_total": sum(int(e["floats_sent"]) for e in epochs),
-        "bytes_sent_total": sum(int(e["bytes_sent"]) for e in epochs),
-        "schedule_trace": schedule_trace(epochs),
-        "predicted_epoch_time_s": None,
-        "prediction_error": None,
-    }
-    if predictor is not None:
-        predicted = sum(predictor(e, case.compressor, calibration) for e in epochs) / n
-        row["predicted_epoch_time_s"] = predicted
-        row["prediction_error"] = predicted / row["epoch_time_s"] - 1.0
-    return row
-
-
-def schedule_trace(epochs: list[dict]) -> str:
-    """What each epoch ran at, e.g. '2 2 1' (levels) or '16 16 128' (global batch)."""
-    def one(epoch: dict) -> str:
-        levels = epoch.get("levels")
-        if levels and set(levels) != {"none"}:
-            return "+".join(k if len(levels) == 1 else f"{k}x{v}" for k, v in levels.items())
-        return str(epoch.get("global_batch", "-"))
-
-    return " ".join(one(e) for e in epochs)
-
-
-def add_speedups(rows: list[dict]) -> None:
-    """Speedup over the family's static-low run and over dense, on the same link.
-
-    The batch-size family's small-batch run is uncompressed, so it is that family's dense
-    baseline too (the dense row of the compressor families uses a different batch per step).
-    """
-    def epoch_time(link: str, family: str, method: str) -> float | None:
-        return next((r["epoch_time_s"] for r in rows if r["link"] == link
-                     and r["family"] == family and r["method"] == method), None)
-
-    for row in rows:
-        low = epoch_time(row["link"], row["family"], STATIC_LOW)
-        if row["family"] == "batch":
-            dense = low
-        else:
-            dense = epoch_time(row["link"], "dense", DENSE)
-        row["speedup_vs_static_low"] = low / row["epoch_time_s"] if low else None
-        row["speedup_vs_dense"] = dense / row["epoch_time_s"] if dense else None
+def link_pair(link: LinkSpec | None, tag: str):
+    """A fresh namespace pair, shaped to `link` (None: left unshaped)."""
+    pair = NamespacePair(tag)
+    pair.create()
+    try:
+        shaping = pair.shape(link) if link is not None else None
+    except BaseException:
+        pair.teardown()
+        raise
+    return pair, shaping
