@@ -36,8 +36,7 @@ def validate_schedule(name, options: Mapping, /, *, compressor: str, default_lev
     `options` is the schedule config node (its `name` key, if present, is ignored).
     `total_epochs` is needed only when an epoch is given as a fraction.
     """
-    _parse(name, options, ScheduleContext(compressor, default_level, base_global_batch,
-                                          world_size, total_epochs))
+    _parse(name, options, ScheduleContext(compressor, base_global_batch, world_size, total_epochs))
 
 
 def build_schedule(name: str, /, *, num_layers: int, compressor: str, default_level,
@@ -47,8 +46,7 @@ def build_schedule(name: str, /, *, num_layers: int, compressor: str, default_le
 
     `options` may be the whole schedule config node, `name` included (`**cfg.schedule`).
     """
-    context = ScheduleContext(compressor, default_level, base_global_batch, world_size,
-                              total_epochs)
+    context = ScheduleContext(compressor, base_global_batch, world_size, total_epochs)
     cls, kwargs = _parse(name, options, context)
     return cls(num_layers, default_level=default_level, base_global_batch=base_global_batch,
                **kwargs)

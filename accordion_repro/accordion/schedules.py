@@ -28,7 +28,6 @@ class ScheduleContext:
     """What a schedule needs to know about the rest of the run to check its options."""
 
     compressor: str
-    default_level: object
     base_global_batch: int
     world_size: int
     total_epochs: int | None = None

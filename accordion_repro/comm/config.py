@@ -41,18 +41,6 @@ def check_ratio(ratio, key: str = "compressor.ratio") -> float:
     return float(ratio)
 
 
-def check_level(name: str, level, key: str):
-    """Validate one per-layer level of compressor `name` (None means the default level)."""
-    if level is None:
-        return None
-    kind = level_kind(name)
-    if kind is int:
-        return check_rank(level, key)
-    if kind is float:
-        return check_ratio(level, key)
-    raise ConfigError(key, f"compressor {name!r} takes no levels, got {level!r}")
-
-
 def _check_bool(options: Mapping, key: str) -> None:
     if key in options and not isinstance(options[key], bool):
         raise ConfigError(f"compressor.{key}", f"must be true or false, got {options[key]!r}")
