@@ -54,7 +54,7 @@ register_resolvers()
 
 def world_size_of(cfg: Mapping) -> int:
     """The number of ranks this config will run on (environment of torchrun / Slurm first)."""
-    from accordion_repro.launch import env_world_size
+    from accordion_repro.env import env_world_size
 
     env = env_world_size() if cfg["dist"].get("launcher", "auto") != "spawn" else None
     return env if env is not None else int(cfg["dist"]["nproc_per_node"])

@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from accordion_repro.env import env_rank, env_world_size, slurm_env
 from accordion_repro.errors import TrainingDiverged
 from accordion_repro.runlog import read_summary, write_summary
 
@@ -73,33 +74,6 @@ def stop_signals() -> tuple:
     return STOP_SIGNALS + ((requeue,) if requeue and requeue not in STOP_SIGNALS else ())
 
 
-def _slurm_env() -> dict | None:
-    """Rank layout of an srun-started task (one task per rank), or None."""
-    if "SLURM_PROCID" not in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
-        return None
-    return {
-        "RANK": os.environ["SLURM_PROCID"],
-        "WORLD_SIZE": os.environ["SLURM_NTASKS"],
-        "LOCAL_RANK": os.environ.get("SLURM_LOCALID", "0"),
-    }
-
-
-def env_world_size() -> int | None:
-    """World size given by torchrun or Slurm, None when this process is on its own."""
-    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
-        return int(os.environ["WORLD_SIZE"])
-    slurm = _slurm_env()
-    return int(slurm["WORLD_SIZE"]) if slurm else None
-
-
-def env_rank() -> int:
-    """This process's rank under torchrun or Slurm (0 when it is on its own)."""
-    if "RANK" in os.environ:
-        return int(os.environ["RANK"])
-    slurm = _slurm_env()
-    return int(slurm["RANK"]) if slurm else 0
-
-
 def _first_slurm_host() -> str:
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST", "")
     try:
@@ -117,7 +91,7 @@ def _first_slurm_host() -> str:
 
 
 def _join_env_group(backend: str, timeout_s: int) -> None:
-    slurm = _slurm_env() if "RANK" not in os.environ else None
+    slurm = slurm_env() if "RANK" not in os.environ else None
     if slurm:
         os.environ.update(slurm)
         os.environ.setdefault("MASTER_ADDR", _first_slurm_host())

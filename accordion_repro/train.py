@@ -20,7 +20,8 @@ from accordion_repro import config as config_module
 from accordion_repro.data import prepare_dataset
 from accordion_repro.engine.checkpoint import CheckpointError
 from accordion_repro.errors import ConfigError, DatasetMissingError
-from accordion_repro.launch import RankFailed, RunStopped, env_rank, launch
+from accordion_repro.env import env_rank
+from accordion_repro.launch import RankFailed, RunStopped, launch
 from accordion_repro.rundir import ConfigMismatch, RunDirectoryInUse, check_existing_run, run_lock
 from accordion_repro.utils import atomic_write_text
 

@@ -1,0 +1,36 @@
+"""Where this process sits in a job: rank and world size from torchrun's or Slurm's variables.
+
+Its own module, without torch, so that checking a config (config.py) and starting ranks
+(launch.py) read the same answer without one importing the other.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def slurm_env() -> dict | None:
+    """Rank layout of an srun-started task (one task per rank), or None."""
+    if "SLURM_PROCID" not in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
+        return None
+    return {
+        "RANK": os.environ["SLURM_PROCID"],
+        "WORLD_SIZE": os.environ["SLURM_NTASKS"],
+        "LOCAL_RANK": os.environ.get("SLURM_LOCALID", "0"),
+    }
+
+
+def env_world_size() -> int | None:
+    """World size given by torchrun or Slurm, None when this process is on its own."""
+    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
+        return int(os.environ["WORLD_SIZE"])
+    slurm = slurm_env()
+    return int(slurm["WORLD_SIZE"]) if slurm else None
+
+
+def env_rank() -> int:
+    """This process's rank under torchrun or Slurm (0 when it is on its own)."""
+    if "RANK" in os.environ:
+        return int(os.environ["RANK"])
+    slurm = slurm_env()
+    return int(slurm["RANK"]) if slurm else 0
