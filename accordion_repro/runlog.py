@@ -116,3 +116,26 @@ class RunLogger:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+
+
+class NullRunLogger:
+    """What a rank other than 0 logs: nothing. Rank 0 alone writes the run directory; the
+    trainer calls the same methods on every rank, so no call site asks which rank it is on."""
+
+    wandb_id = None
+    summary: dict[str, Any] = {}
+
+    def truncate_from(self, epoch: int) -> None:
+        pass
+
+    def log_epoch(self, record: dict) -> None:
+        pass
+
+    def update_summary(self, **fields: Any) -> None:
+        pass
+
+    def forget(self, *keys: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

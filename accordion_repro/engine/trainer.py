@@ -31,7 +31,7 @@ from accordion_repro.engine.lr import build_epoch_lr
 from accordion_repro.engine.optim import build_optimizer, set_lr
 from accordion_repro.engine.tasks import build_task
 from accordion_repro.errors import TrainingDiverged
-from accordion_repro.runlog import RunLogger
+from accordion_repro.runlog import NullRunLogger, RunLogger
 from accordion_repro.models import build_model, count_parameters
 
 
@@ -131,11 +131,9 @@ class Trainer:
         self.wandb_id = None
         self.totals = {"floats": 0, "bytes": 0, "train_time_s": 0.0}
         self._resume()
-        self.logger = None
-        if self.rank == 0:
-            self.logger = RunLogger(self.run_dir, config=cfg, wandb_cfg=cfg["logger"]["wandb"],
-                                    wandb_id=self.wandb_id)
-            self.logger.truncate_from(self.start_epoch)
+        self.logger = RunLogger(self.run_dir, config=cfg, wandb_cfg=cfg["logger"]["wandb"],
+                                wandb_id=self.wandb_id) if self.rank == 0 else NullRunLogger()
+        self.logger.truncate_from(self.start_epoch)
 
     # ----------------------------------------------------------------------------------- set-up
     def _broadcast_model(self) -> None:
@@ -173,7 +171,7 @@ class Trainer:
                 "epoch": epoch, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "schedule": self.schedule.state_dict(),
                 "detector": self.detector.state_dict() if self.detector is not None else None,
-                "plan": self.plan, "wandb_id": self.logger.wandb_id if self.logger else None,
+                "plan": self.plan, "wandb_id": self.logger.wandb_id,
                 "totals": self.totals,
             }
         checkpoint.save(self.run_dir, shared, {"reducer": self.reducer.state_dict(),
@@ -183,17 +181,17 @@ class Trainer:
     def fit(self) -> None:
         t = self.cfg["trainer"]
         epochs = int(t["epochs"])
-        if self.logger:
-            self.logger.update_summary(
-                status="running", num_params=self.num_params, world_size=self.world_size,
-                model=self.cfg["model"]["name"], dataset=self.cfg["dataset"]["name"],
-                data=self.bundle.description, scale=self.cfg["scale"]["name"], metric=self.task.metric)
-        if self.config_change and self.logger:
+        self.logger.update_summary(
+            status="running", num_params=self.num_params, world_size=self.world_size,
+            model=self.cfg["model"]["name"], dataset=self.cfg["dataset"]["name"],
+            data=self.bundle.description, scale=self.cfg["scale"]["name"], metric=self.task.metric)
+        if self.config_change:
             changes = list(self.logger.summary.get("config_changes", []))
             changes.append({"from_epoch": self.start_epoch, "delta": self.config_change})
             self.logger.update_summary(config_changes=changes)
-            log.warning("continuing %s with a changed config from epoch %d: %s", self.run_dir,
-                        self.start_epoch, self.config_change)
+            if self.rank == 0:
+                log.warning("continuing %s with a changed config from epoch %d: %s", self.run_dir,
+                            self.start_epoch, self.config_change)
         try:
             for epoch in range(self.start_epoch, epochs):
                 record = self._train_epoch(epoch)
@@ -203,7 +201,7 @@ class Trainer:
                     self.model.eval()
                     record.update(self.task.evaluate(self.model, t["max_eval_steps"]))
                 record.update(self._end_epoch(epoch))
-                if self.logger:
+                if self.rank == 0:  # only rank 0 evaluated
                     self.logger.log_epoch(record)
                     log.info(self._epoch_line(record, epochs))
                     metric = self.task.metric
@@ -215,29 +213,24 @@ class Trainer:
                     self._save(epoch)
                 if t.get("stop_after_epoch") is not None and epoch >= int(t["stop_after_epoch"]) \
                         and epoch + 1 < epochs:
-                    if self.logger:
-                        self.logger.update_summary(status="stopped")
-                        self.logger.close()
+                    self.logger.update_summary(status="stopped")
+                    self.logger.close()
                     return
         except _StopRequested as request:
             name = signal.Signals(request.signum).name
             where = (f"{name} during epoch {request.epoch} (after step {request.step}); resumes "
                      f"from epoch {request.epoch}")
-            if self.logger:
-                self.logger.update_summary(status="stopped", stopped=where,
-                                           stop_signal=int(request.signum))
-                self.logger.close()
+            self.logger.update_summary(status="stopped", stopped=where, stop_signal=int(request.signum))
+            self.logger.close()
             return
         except BaseException as exc:
-            if self.logger:
-                cause = str(exc) if isinstance(exc, TrainingDiverged) else f"{type(exc).__name__}: {exc}"
-                self.logger.update_summary(status="failed", error=f"rank {self.rank}: {cause}")
-                self.logger.close()
-            raise
-        if self.logger:
-            self.logger.forget("stopped", "stop_signal")
-            self.logger.update_summary(status="completed")
+            cause = str(exc) if isinstance(exc, TrainingDiverged) else f"{type(exc).__name__}: {exc}"
+            self.logger.update_summary(status="failed", error=f"rank {self.rank}: {cause}")
             self.logger.close()
+            raise
+        self.logger.forget("stopped", "stop_signal")
+        self.logger.update_summary(status="completed")
+        self.logger.close()
 
     def _stop_requested(self) -> int:
         """The stop signal if any rank got one (all ranks see the same answer), else 0."""
