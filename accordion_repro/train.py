@@ -86,7 +86,8 @@ def expand_experiment_globs(argv: list[str]) -> list[str]:
     from hydra.core.override_parser.types import Glob
 
     presets_dir = Path(__file__).resolve().parent.parent / "conf" / "experiment"
-    names = sorted(p.relative_to(presets_dir).with_suffix("").as_posix() for p in presets_dir.rglob("*.yaml"))
+    names = sorted(p.relative_to(presets_dir).with_suffix("").as_posix() for p in presets_dir.rglob("*.yaml")
+                   if "_base" not in p.relative_to(presets_dir).parts)  # _base/: family bases, not presets
     out = []
     for arg in argv:
         if arg.lstrip("+~").startswith("experiment=") and "glob(" in arg:

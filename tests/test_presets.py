@@ -68,7 +68,8 @@ def composed(preset: str, scale: str, *extra: str) -> dict:
 
 def preset_files() -> set[str]:
     return {path.relative_to(EXPERIMENT_DIR).with_suffix("").as_posix()
-            for path in EXPERIMENT_DIR.rglob("*.yaml")}
+            for path in EXPERIMENT_DIR.rglob("*.yaml")
+            if "_base" not in path.relative_to(EXPERIMENT_DIR).parts}  # _base/: family bases
 
 
 def is_text(cell) -> bool:
