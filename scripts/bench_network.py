@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from accordion_repro.errors import ConfigError
-from accordion_repro.netbench import LinkSpec, NetbenchUnavailable, missing_requirement
+from accordion_repro.netbench.netns import LinkSpec, NetbenchUnavailable, missing_requirement
 from accordion_repro.netbench.driver import assemble, measure
 from accordion_repro.netbench.ranks import RanksFailed
 from accordion_repro.netbench.report import off_rows, write

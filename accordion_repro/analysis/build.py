@@ -8,21 +8,14 @@ from pathlib import Path
 import pandas as pd
 
 from accordion_repro.analysis.collect import SkippedRunWarning, collect_runs
-from accordion_repro.analysis.costmodel import resolve_network
+from accordion_repro.analysis.costmodel import check_workers, resolve_network
 from accordion_repro.analysis.layout import FIGURES, TABLES, TWINS, run_command
 from accordion_repro.analysis.summarize import summarize_runs
 from accordion_repro.analysis.tables import write_table
-from accordion_repro.errors import ConfigError
 
 
 class MissingFigureWarning(UserWarning):
     """A figure had no runs; the message says which presets to run."""
-
-
-def _figure_builders():
-    # Imported here so that the tables (and the layout) never pay for matplotlib.
-    from accordion_repro.analysis import figures
-    return figures, {"fig2": figures.figure2, "fig9": figures.figure9, "fig10": figures.figure10}
 
 
 def _column_equals(frame: pd.DataFrame, column: str, value: str) -> pd.Series:
@@ -39,11 +32,10 @@ def build_all(runs_dir: str | Path = "results/runs", out_dir: str | Path = "resu
     fail the build: tables list the presets to run, figures without runs are skipped with a
     MissingFigureWarning. figures=False writes the tables only (fast)."""
     resolve_network(net)
-    if workers is not None and (int(workers) != workers or workers < 1):
-        raise ConfigError("workers", f"must be a positive integer, got {workers!r}")
+    if workers is not None:
+        check_workers(workers)
     out_dir = Path(out_dir)
-    collection = collect_runs(runs_dir)
-    frame = collection.frame
+    frame = collect_runs(runs_dir).frame
     runs = summarize_runs(frame, net=net, workers=workers)
     written: dict[str, list[Path]] = {}
     for table_id, spec in TABLES.items():
@@ -51,19 +43,6 @@ def build_all(runs_dir: str | Path = "results/runs", out_dir: str | Path = "resu
     if figures:
         written.update(_write_figures(frame, runs, out_dir / "figures"))
     return written
-
-
-def _write_one_figure(figures, builder, figure_id: str, name: str, figure_frame: pd.DataFrame,
-                      out_dir: Path, written: dict) -> None:
-    present = set(figure_frame["run.method"]) if not figure_frame.empty else set()
-    missing = [cell for cell in FIGURES[figure_id].cells if cell.method not in present]
-    if missing:
-        scale = "paper" if figure_frame.empty else str(figure_frame["scale.name"].iloc[0])
-        commands = "; ".join(run_command(cell.preset, scale) for cell in missing)
-        state = "no runs" if figure_frame.empty else "curves missing"
-        warnings.warn(f"{name}: {state}; run {commands}", MissingFigureWarning, stacklevel=3)
-    if not figure_frame.empty:
-        written[name] = figures.write_figure(builder(figure_frame), out_dir, name)
 
 
 # The most faithful scale first: a figure whose runs span several scales is drawn once per
@@ -103,12 +82,22 @@ def _with_twins(frame: pd.DataFrame, own: pd.DataFrame, figure_id: str) -> pd.Da
 
 
 def _write_figures(frame: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> dict[str, list[Path]]:
+    from accordion_repro.analysis import figures  # here: the tables never pay for matplotlib
+
     written: dict[str, list[Path]] = {}
-    figures, builders = _figure_builders()
-    for figure_id, builder in builders.items():
+    for figure_id, builder in {"fig2": figures.figure2, "fig9": figures.figure9,
+                               "fig10": figures.figure10}.items():
         own = frame[_column_equals(frame, "run.figure", figure_id)]
         for name, figure_frame in _by_scale(_with_twins(frame, own, figure_id), figure_id):
-            _write_one_figure(figures, builder, figure_id, name, figure_frame, out_dir, written)
+            present = set(figure_frame["run.method"]) if not figure_frame.empty else set()
+            missing = [cell for cell in FIGURES[figure_id].cells if cell.method not in present]
+            if missing:
+                scale = "paper" if figure_frame.empty else str(figure_frame["scale.name"].iloc[0])
+                commands = "; ".join(run_command(cell.preset, scale) for cell in missing)
+                state = "no runs" if figure_frame.empty else "curves missing"
+                warnings.warn(f"{name}: {state}; run {commands}", MissingFigureWarning, stacklevel=2)
+            if not figure_frame.empty:
+                written[name] = figures.write_figure(builder(figure_frame), out_dir, name)
     for table_id, spec in TABLES.items():
         table_runs = runs[runs["run.table"] == table_id]
         if table_runs.empty:

@@ -43,6 +43,17 @@ def model_variant(values: Mapping[str, Any]) -> str | None:
     return f"{values.get('model.name')} ({', '.join(diffs)})" if diffs else None
 
 
+def first_value(frame: pd.DataFrame, column: str):
+    """The column's first non-null value; None where it has none or the frame lacks it."""
+    values = frame[column].dropna() if column in frame else ()
+    return values.iloc[0] if len(values) else None
+
+
+def run_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per run of a one-row-per-epoch (or already one-row-per-run) frame."""
+    return frame.drop_duplicates(RUN_DIR) if RUN_DIR in frame else frame
+
+
 def model_variants(frame: pd.DataFrame) -> list[str]:
     """The reduced models among a frame's runs (one-row-per-epoch or one-row-per-run)."""
     if frame.empty:
@@ -50,8 +61,7 @@ def model_variants(frame: pd.DataFrame) -> list[str]:
     if "model.variant" in frame:
         found = frame["model.variant"]
     else:
-        rows = frame.drop_duplicates(RUN_DIR) if RUN_DIR in frame else frame
-        found = rows.apply(lambda row: model_variant(row.to_dict()), axis=1)
+        found = run_rows(frame).apply(lambda row: model_variant(row.to_dict()), axis=1)
     return sorted({str(v) for v in found.dropna() if v})
 
 
@@ -168,12 +178,7 @@ def load_run(run_dir: Path, name: str) -> list[dict]:
             raise RunDirectoryError(f"its last epoch's {key} is {value!r} (NaN/inf is logged as "
                                     f"null): the run diverged, not a result")
     summary_columns = {f"summary.{key}": value for key, value in flatten(summary).items()}
-    rows = []
-    for record in records:
-        row = {RUN_DIR: name, **config, **summary_columns}
-        row.update(record)
-        rows.append(row)
-    return rows
+    return [{RUN_DIR: name, **config, **summary_columns, **record} for record in records]
 
 
 def collect_runs(runs_dir: str | os.PathLike) -> Collection:
@@ -195,10 +200,8 @@ def collect_runs(runs_dir: str | os.PathLike) -> Collection:
             collection.unfinished.append((str(run_dir), str(error)))
         except RunDirectoryError as error:
             collection.broken.append((str(run_dir), str(error)))
-    for path, reason in collection.broken:
-        warnings.warn(f"skipping broken run {path}: {reason}", SkippedRunWarning, stacklevel=2)
-    for path, reason in collection.unfinished:
-        warnings.warn(f"skipping unfinished run {path}: {reason}",
-                      SkippedRunWarning, stacklevel=2)
+    for kind, skipped in (("broken", collection.broken), ("unfinished", collection.unfinished)):
+        for path, reason in skipped:
+            warnings.warn(f"skipping {kind} run {path}: {reason}", SkippedRunWarning, stacklevel=2)
     collection.frame = pd.DataFrame(rows)
     return collection

@@ -67,7 +67,7 @@ def allreduce_time(nbytes: float, workers: int, net: str | Network, collectives:
     """Ring all-reduce of `nbytes` in total, split over `collectives` calls, on `workers` ranks:
     collectives * 2(p-1) * latency + 2 (p-1)/p * nbytes / bandwidth."""
     network = resolve_network(net)
-    p = _check_workers(workers)
+    p = check_workers(workers)
     return collectives * 2 * (p - 1) * network.latency_s \
         + 2 * (p - 1) / p * network.seconds_for_bytes(nbytes) / network.allreduce_rate
 
@@ -77,18 +77,9 @@ def allgather_time(nbytes_per_worker: float, workers: int, net: str | Network,
     """Ring all-gather where every rank contributes `nbytes_per_worker` (the result holds
     p * nbytes_per_worker): collectives * (p-1) * latency + (p-1)/p * p * n / bandwidth."""
     network = resolve_network(net)
-    p = _check_workers(workers)
+    p = check_workers(workers)
     return collectives * (p - 1) * network.latency_s \
         + (p - 1) / p * network.seconds_for_bytes(p * nbytes_per_worker) / network.allgather_rate
-
-
-def comm_time_per_step(bytes_per_step: float, collectives_per_step: float, op: str,
-                       net: str | Network, workers: int) -> float:
-    if op == ALLREDUCE:
-        return allreduce_time(bytes_per_step, workers, net, collectives_per_step)
-    if op == ALLGATHER:
-        return allgather_time(bytes_per_step, workers, net, collectives_per_step)
-    raise ValueError(f"op must be one of {OPS}, got {op!r}")
 
 
 def step_comm_time(bytes_sent: float, collectives: float, allgather_bytes: float,
@@ -105,8 +96,10 @@ def predict_epoch_time(compute_s_per_step: float, steps: int, bytes_per_step: fl
                        workers: int) -> float:
     """Epoch time with communication not overlapped with compute (the reducers run after
     backward, as in the official code): steps * (compute + communication per step)."""
-    return steps * (compute_s_per_step
-                    + comm_time_per_step(bytes_per_step, collectives_per_step, op, net, workers))
+    collective = {ALLREDUCE: allreduce_time, ALLGATHER: allgather_time}.get(op)
+    if collective is None:
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    return steps * (compute_s_per_step + collective(bytes_per_step, workers, net, collectives_per_step))
 
 
 def collective_op(compressor_name: str | None) -> str:
@@ -116,7 +109,7 @@ def collective_op(compressor_name: str | None) -> str:
     return ALLGATHER if compressor_name == "topk" else ALLREDUCE
 
 
-def _check_workers(workers: int) -> int:
+def check_workers(workers: int) -> int:
     if int(workers) != workers or workers < 1:
         raise ConfigError("workers", f"must be a positive integer, got {workers!r}")
     return int(workers)

@@ -11,6 +11,7 @@ the batch sizes run); labels of batch-size curves give the batch sizes the runs 
 
 from __future__ import annotations
 
+import itertools
 import math
 import textwrap
 from pathlib import Path
@@ -27,12 +28,12 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from accordion_repro.analysis.atomic import save_figure_atomic  # noqa: E402
-from accordion_repro.analysis.collect import model_variants  # noqa: E402
+from accordion_repro.analysis.collect import first_value, model_variants  # noqa: E402
 from accordion_repro.analysis.labels import (batch_sizes_text, data_text,  # noqa: E402
                                              run_batch_label, stand_in_notes)
 from accordion_repro.analysis.layout import (FIGURES, METRIC_TITLES, FigureSpec,  # noqa: E402
                                              TableSpec)
+from accordion_repro.utils import atomic_write  # noqa: E402
 
 STYLE = {"font.size": 9, "axes.titlesize": 9, "axes.labelsize": 9, "legend.fontsize": 8,
          "xtick.labelsize": 8, "ytick.labelsize": 8, "pdf.fonttype": 42, "svg.hashsalt": "accordion"}
@@ -40,16 +41,18 @@ COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17
 MARKERS = {"dense": "s", "static_low": "o", "static_high": "v", "accordion": "*"}
 TRACE_PREFERENCE = ("accordion", "static_low", "static_high", "high_inside", "high_outside")
 CRITICAL_COLOR = "#ff7f0e"
+# PDF and PNG writers stamp a creation date / software version by default; dropping them
+# keeps a rebuild from the same runs byte-identical.
+METADATA = {"png": {"Software": None}, "pdf": {"CreationDate": None, "Producer": None, "Creator": None}}
 
 
-def _sorted_unique(values: pd.Series) -> list[str]:
-    return sorted(values.dropna().astype(str).unique())
+def _sorted_unique(frame: pd.DataFrame, column: str) -> list[str]:
+    return sorted(frame[column].dropna().astype(str).unique()) if column in frame else []
 
 
 def provenance(frame: pd.DataFrame) -> str:
     """'scale cpu; runs on synthetic_cifar10': what every figure title must say."""
-    scales = _sorted_unique(frame["scale.name"]) if "scale.name" in frame else []
-    datasets = _sorted_unique(frame["dataset.name"]) if "dataset.name" in frame else []
+    scales, datasets = _sorted_unique(frame, "scale.name"), _sorted_unique(frame, "dataset.name")
     scale_text = (f"scale {scales[0]}" if len(scales) == 1
                   else f"MIXED scales {', '.join(scales)}" if scales else "scale unknown")
     variants = model_variants(frame)
@@ -68,7 +71,7 @@ def setup_text(frame: pd.DataFrame, spec: FigureSpec, differences: list[str] = (
     notes += list(differences)
     if notes:
         lines.append("differs from the paper: " + "; ".join(notes))
-    twins = _sorted_unique(frame["twin_of"]) if "twin_of" in frame else []
+    twins = _sorted_unique(frame, "twin_of")
     if twins:  # curves read from a table's runs of the same config (analysis/layout.py TWINS)
         lines.append(f"drawn from the same configuration's table runs: {', '.join(twins)}")
     return "\n".join(lines)
@@ -92,15 +95,10 @@ def _new_figure(width: float, height: float) -> Figure:
         return Figure(figsize=(width, height), layout="constrained")
 
 
-def _save(figure: Figure, out_dir: Path, stem: str) -> list[Path]:
-    with matplotlib.rc_context(STYLE):
-        return [save_figure_atomic(figure, out_dir / f"{stem}.{suffix}") for suffix in ("png", "pdf")]
-
-
 def _curve_groups(runs: pd.DataFrame, spec: FigureSpec, label_for=None):
     """(label, method, scale, per-epoch frame) in the layout's curve order, for the methods that
     have runs only. label_for(method, group) may name a curve from its runs (None: the layout's)."""
-    scales = _sorted_unique(runs["scale.name"])
+    scales = _sorted_unique(runs, "scale.name")
     labels = {cell.method: cell.label for cell in spec.cells}
     order = [cell.method for cell in spec.cells]
     order += sorted(set(runs["run.method"].dropna().astype(str)) - set(order))
@@ -116,13 +114,13 @@ def _curve_groups(runs: pd.DataFrame, spec: FigureSpec, label_for=None):
 
 def _plot_accuracy_curves(axes, runs: pd.DataFrame, spec: FigureSpec, metric: str = "test_acc",
                           label_for=None):
-    colors = {}
+    curves = []  # (color, per-epoch rows) of each curve drawn
     for index, (label, method, scale, group) in enumerate(_curve_groups(runs, spec, label_for)):
         by_epoch = group.groupby("epoch", sort=True)[metric]
         mean, low, high = by_epoch.mean(), by_epoch.min(), by_epoch.max()
         seeds = group["run_dir"].nunique()
         color = COLORS[index % len(COLORS)]
-        colors[(method, scale)] = color
+        curves.append((color, group))
         axes.plot(mean.index, mean.values, color=color, linewidth=1.4,
                   label=f"{label} (n={seeds})")
         if seeds > 1:
@@ -132,21 +130,14 @@ def _plot_accuracy_curves(axes, runs: pd.DataFrame, spec: FigureSpec, metric: st
     _integer_epochs(axes)
     axes.set_ylabel(METRIC_TITLES[metric])
     axes.grid(True, alpha=0.3)
-    return colors
+    return curves
 
 
 def _critical_spans(epochs: np.ndarray, critical: np.ndarray) -> list[tuple[float, float]]:
-    spans, start = [], None
-    for epoch, flag in zip(epochs, critical):
-        if flag and start is None:
-            start = epoch
-        if not flag and start is not None:
-            spans.append((start - 0.5, previous + 0.5))
-            start = None
-        previous = epoch
-    if start is not None:
-        spans.append((start - 0.5, previous + 0.5))
-    return spans
+    """(first - 0.5, last + 0.5) of each stretch of consecutive critical epochs."""
+    stretches = (list(group) for flag, group in
+                 itertools.groupby(zip(epochs, critical), key=lambda pair: bool(pair[1])) if flag)
+    return [(stretch[0][0] - 0.5, stretch[-1][0] + 0.5) for stretch in stretches]
 
 
 def _detector_norms(run: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -175,16 +166,6 @@ def _trace_run(runs: pd.DataFrame) -> pd.DataFrame | None:
     return min(candidates, key=lambda item: item[:2])[2].sort_values("epoch", kind="stable")
 
 
-def _first_value(run: pd.DataFrame, column: str):
-    values = run[column].dropna() if column in run else []
-    return str(values.iloc[0]) if len(values) else None
-
-
-def _first_raw(run: pd.DataFrame, column: str):
-    values = run[column].dropna() if column in run else []
-    return values.iloc[0] if len(values) else None
-
-
 def _same(a, b) -> bool:
     try:
         return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
@@ -197,7 +178,7 @@ def _truthy(value) -> bool:
 
 
 def _level_text(run: pd.DataFrame, level) -> str:
-    compressor = _first_value(run, "compressor.name")
+    compressor = first_value(run, "compressor.name")
     if compressor == "topk":
         return f"K {float(level) * 100:g}%"
     if compressor == "powersgd":
@@ -213,18 +194,18 @@ def _starts_critical(run: pd.DataFrame) -> bool:
     first = run.iloc[0]
     if first["epoch"] != 0:
         return False
-    name = _first_value(run, "schedule.name")
+    name = first_value(run, "schedule.name")
     levels = first.get("layer_levels")
     levels = list(levels) if isinstance(levels, (list, tuple)) else []
     if name in ("accordion", "joint"):
-        low = _first_raw(run, "schedule.low")
+        low = first_value(run, "schedule.low")
         return low is not None and any(_same(level, low) for level in levels)
     if name == "regime_windows":
-        inside, outside = _first_raw(run, "schedule.inside"), _first_raw(run, "schedule.outside")
+        inside, outside = first_value(run, "schedule.inside"), first_value(run, "schedule.outside")
         return (inside is not None and not _same(inside, outside) and bool(levels)
                 and all(_same(level, inside) for level in levels))
     if name == "batch_accordion":
-        low, high = _first_raw(run, "schedule.low"), _first_raw(run, "schedule.high")
+        low, high = first_value(run, "schedule.low"), first_value(run, "schedule.high")
         return low is not None and not _same(low, high) and _same(first.get("global_batch"), low)
     return False
 
@@ -258,12 +239,12 @@ def _lr_decays(run: pd.DataFrame) -> list[int]:
 
 
 def _shading_label(run: pd.DataFrame) -> str:
-    name = _first_value(run, "schedule.name")
+    name = first_value(run, "schedule.name")
     if name == "regime_windows":
-        inside = _first_raw(run, "schedule.inside")
+        inside = first_value(run, "schedule.inside")
         return ("shaded: epochs inside the fixed critical-regime\nwindows"
                 + (f" ({_level_text(run, inside)} there)" if inside is not None else ""))
-    low = _first_raw(run, "schedule.low")
+    low = first_value(run, "schedule.low")
     if name == "batch_accordion" and low is not None:
         return f"shaded: epochs run critical (detector):\nsmall batch B {int(float(low))}"
     if low is not None:
@@ -276,7 +257,7 @@ def _statistic(run: pd.DataFrame) -> str | None:
     for detector in run["detector"]:
         if isinstance(detector, dict) and detector.get("statistic"):
             return str(detector["statistic"])
-    return _first_value(run, "schedule.statistic")
+    return first_value(run, "schedule.statistic")
 
 
 def _plot_norm_trace(axes, figure: Figure, run: pd.DataFrame | None) -> None:
@@ -291,8 +272,7 @@ def _plot_norm_trace(axes, figure: Figure, run: pd.DataFrame | None) -> None:
     for layer in range(layers):
         axes.plot(epochs, norms[:, layer], color=colormap(layer / max(layers - 1, 1)),
                   linewidth=0.8, marker="." if len(epochs) < 30 else None)
-    positive = norms[np.isfinite(norms) & (norms > 0)]
-    if positive.size:
+    if (np.isfinite(norms) & (norms > 0)).any():
         axes.set_yscale("log")
     handles = []
     spans = _critical_spans(*_ran_critical(run))
@@ -359,11 +339,10 @@ def _batch_differences(runs: pd.DataFrame, spec: FigureSpec) -> list[str]:
 def figure10(runs: pd.DataFrame, spec: FigureSpec = FIGURES["fig10"]) -> Figure:
     figure = _new_figure(6.8, 5.0)
     axes = figure.subplots()
-    colors = _plot_accuracy_curves(axes, runs, spec, label_for=run_batch_label)
+    curves = _plot_accuracy_curves(axes, runs, spec, label_for=run_batch_label)
     batch_axes = axes.twinx()
     drawn = False
-    for (method, scale), color in colors.items():
-        group = runs[(runs["run.method"] == method) & (runs["scale.name"] == scale)]
+    for color, group in curves:
         if "global_batch" not in group or group["global_batch"].isna().all():
             continue
         batch = group.groupby("epoch", sort=True)["global_batch"].median()
@@ -443,4 +422,10 @@ def tradeoff_figure(spec: TableSpec, runs: pd.DataFrame, frame: pd.DataFrame) ->
 
 
 def write_figure(figure: Figure, out_dir: str | Path, stem: str) -> list[Path]:
-    return _save(figure, Path(out_dir), stem)
+    """<out_dir>/<stem>.png and .pdf, each written whole or not at all."""
+    def save(fmt: str) -> Path:
+        return atomic_write(Path(out_dir) / f"{stem}.{fmt}",
+                            lambda tmp: figure.savefig(tmp, format=fmt, dpi=150, metadata=METADATA[fmt]))
+
+    with matplotlib.rc_context(STYLE):
+        return [save("png"), save("pdf")]

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 import pandas as pd
 
+from accordion_repro.analysis.collect import run_rows
 from accordion_repro.analysis.layout import DATASET_TITLES
 
 
@@ -66,10 +67,6 @@ def batch_sizes_text(values: Iterable) -> str:
     return " / ".join(f"{value:,}" for value in _ints(values))
 
 
-def _run_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame.drop_duplicates("run_dir") if "run_dir" in frame else frame
-
-
 def data_family(row: dict) -> str:
     """The data set a run trained on, in the paper's terms: 'CIFAR-10' for dataset=npz on the
     CIFAR-10 files (told by the file names in summary.json's `data` and `dataset.path`),
@@ -88,16 +85,11 @@ def data_family(row: dict) -> str:
     return name
 
 
-def data_families(frame: pd.DataFrame) -> list[str]:
-    if frame.empty:
-        return []
-    return sorted({data_family(row) for row in _run_rows(frame).to_dict("records")})
-
-
 def stand_in_notes(frame: pd.DataFrame, paper_dataset: str) -> list[str]:
     """'CIFAR-10 stand-in for CIFAR-100' for each data set of the runs that is not the paper's."""
     paper = DATASET_TITLES.get(paper_dataset, paper_dataset)
-    return [f"{family} stand-in for {paper}" for family in data_families(frame) if family != paper]
+    families = sorted({data_family(row) for row in run_rows(frame).to_dict("records")})
+    return [f"{family} stand-in for {paper}" for family in families if family != paper]
 
 
 def data_text(frame: pd.DataFrame) -> str:
@@ -105,7 +97,7 @@ def data_text(frame: pd.DataFrame) -> str:
     the parenthesised detail), the examples evaluated and the epochs run."""
     if frame.empty:
         return "no runs"
-    rows = _run_rows(frame)
+    rows = run_rows(frame)
     described = sorted({str(text).split(" (", 1)[0] for text in _column(rows, "summary.data")})
     parts = ["; ".join(described) if described
              else ", ".join(sorted(set(map(str, _column(rows, "dataset.name"))))) or "unknown data"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-METHODS = ("dense", "static_low", "static_high", "accordion")
 RUN_COMMAND = "python -m accordion_repro.train experiment={preset} scale={scale}"
 
 DATASET_TITLES = {
@@ -87,22 +86,15 @@ class FigureSpec:
     cells: tuple[FigureCell, ...]
 
 
-def _level_text(family: str, level: int | float) -> str:
-    if family == "powersgd":
-        return f"rank {level}"
-    if family == "topk":
-        return f"K {level * 100:g}%"
-    return f"B {level}"
+def _level_text(family: str, level: int | float, short: bool = False) -> str:
+    """'rank 2', 'K 99%', 'B 512'; short: '2', '99%', '512'."""
+    text = f"{level * 100:g}%" if family == "topk" else f"{level}"
+    unit = {"powersgd": "rank", "topk": "K", "batch": "B"}[family]
+    return text if short else f"{unit} {text}"
 
 
-def _short_level(family: str, level: int | float) -> str:
-    if family == "topk":
-        return f"{level * 100:g}%"
-    return f"{level}"
-
-
-def _cells(table: str, dataset: str, family: str, models: tuple[tuple[str, int | float, int | float], ...],
-           with_dense: bool) -> tuple[Cell, ...]:
+def _cells(table: str, dataset: str, family: str,
+           models: tuple[tuple[str, int | float, int | float], ...]) -> tuple[Cell, ...]:
     compressor = "none" if family == "batch" else family
 
     def ref(level: int | float, short: bool = False) -> str:
@@ -111,16 +103,12 @@ def _cells(table: str, dataset: str, family: str, models: tuple[tuple[str, int |
 
     cells = []
     for model, low, high in models:
-        methods = []
-        if with_dense:
-            methods.append(("dense", "Dense (no compression)", None, "none"))
+        methods = [("dense", "Dense (no compression)", None, "none")] if family != "batch" else []
         methods += [
             ("static_low", _level_text(family, low).capitalize(), ref(low), compressor),
             ("static_high", _level_text(family, high).capitalize(), ref(high), compressor),
-            ("accordion",
-             f"Accordion {_short_level(family, low)}<->{_short_level(family, high)}",
-             f"accordion_{ref(low, short=True)}_{ref(high, short=True)}",
-             compressor),
+            ("accordion", f"Accordion {_level_text(family, low, True)}<->{_level_text(family, high, True)}",
+             f"accordion_{ref(low, short=True)}_{ref(high, short=True)}", compressor),
         ]
         for method, label, setting, cell_compressor in methods:
             cells.append(Cell(
@@ -131,12 +119,11 @@ def _cells(table: str, dataset: str, family: str, models: tuple[tuple[str, int |
     return tuple(cells)
 
 
-def _section(table: str, dataset: str, family: str, models, *, metric: str = "test_acc",
-             with_dense: bool = True) -> Section:
+def _section(table: str, dataset: str, family: str, models, *, metric: str = "test_acc") -> Section:
     family_title = {"powersgd": "PowerSGD", "topk": "Top-K", "batch": "batch size"}[family]
     return Section(title=f"{DATASET_TITLES[dataset]}, {family_title}", dataset=dataset,
                    family=family, metric=metric,
-                   cells=_cells(table, dataset, family, tuple(models), with_dense))
+                   cells=_cells(table, dataset, family, tuple(models)))
 
 
 TABLES: dict[str, TableSpec] = {
@@ -159,13 +146,11 @@ TABLES: dict[str, TableSpec] = {
     )),
     "table5": TableSpec("table5", "Table 5: batch-size Accordion on CIFAR-10", (
         _section("table5", "cifar10", "batch",
-                 [("resnet18", 512, 4096), ("densenet", 512, 4096), ("googlenet", 512, 4096)],
-                 with_dense=False),
+                 [("resnet18", 512, 4096), ("densenet", 512, 4096), ("googlenet", 512, 4096)]),
     )),
     "table6": TableSpec("table6", "Table 6: batch-size Accordion on CIFAR-100", (
         _section("table6", "cifar100", "batch",
-                 [("resnet18", 512, 4096), ("densenet", 512, 4096), ("googlenet", 512, 4096)],
-                 with_dense=False),
+                 [("resnet18", 512, 4096), ("densenet", 512, 4096), ("googlenet", 512, 4096)]),
     )),
 }
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from accordion_repro.analysis.collect import PAPER_MODEL_SIZES, RUN_DIR, model_variant
+from accordion_repro.analysis.collect import PAPER_MODEL_SIZES, RUN_DIR, first_value, model_variant
 from accordion_repro.analysis.costmodel import collective_op, predict_epoch_time, resolve_network
 
 RUN_COLUMNS = ("run.name", "run.table", "run.figure", "run.method", "run.label", "seed",
@@ -16,27 +16,20 @@ RUN_COLUMNS = ("run.name", "run.table", "run.figure", "run.method", "run.label",
                "schedule.low", "schedule.high")
 
 
-def _first(series: pd.Series):
-    values = series.dropna()
-    return values.iloc[0] if len(values) else None
-
-
 def predicted_run_time(epochs: pd.DataFrame, net, workers: int | None) -> float:
     """Sum over epochs of the cost model's epoch time; each epoch keeps its own bytes and
     collectives per step because Accordion changes them from epoch to epoch."""
     network = resolve_network(net)
-    op = collective_op(_first(epochs["compressor.name"]) if "compressor.name" in epochs else None)
-    world = workers if workers is not None else int(_first(epochs["summary.world_size"]) or 1)
+    op = collective_op(first_value(epochs, "compressor.name"))
+    world = workers if workers is not None else int(first_value(epochs, "summary.world_size") or 1)
     total = 0.0
     for row in epochs.itertuples(index=False):
-        steps = int(getattr(row, "steps"))
-        if steps <= 0:
-            continue
-        total += predict_epoch_time(
-            compute_s_per_step=float(getattr(row, "compute_time_s")) / steps, steps=steps,
-            bytes_per_step=float(getattr(row, "bytes_sent")) / steps,
-            collectives_per_step=float(getattr(row, "collectives")) / steps,
-            op=op, net=network, workers=world)
+        steps = int(row.steps)
+        if steps > 0:
+            total += predict_epoch_time(
+                compute_s_per_step=float(row.compute_time_s) / steps, steps=steps,
+                bytes_per_step=float(row.bytes_sent) / steps,
+                collectives_per_step=float(row.collectives) / steps, op=op, net=network, workers=world)
     return total
 
 
@@ -52,23 +45,22 @@ def summarize_runs(frame: pd.DataFrame, net="10gbit", workers: int | None = None
         epochs = epochs.sort_values("epoch", kind="stable")
         last = epochs.iloc[-1]
         metric = "test_acc" if "test_acc" in epochs and pd.notna(last.get("test_acc")) else "val_ppl"
-        world_size = _first(epochs["summary.world_size"]) if "summary.world_size" in epochs else None
+        world_size = first_value(epochs, "summary.world_size")
+        world_size = None if world_size is None else int(world_size)
         records.append({
             RUN_DIR: run_dir,
-            **{column: _first(epochs[column]) if column in epochs else None
-               for column in RUN_COLUMNS},
+            **{column: first_value(epochs, column) for column in RUN_COLUMNS},
             "metric": metric,
             "final": float(last[metric]),
             "epochs": len(epochs),
             "total_floats": float(epochs["floats_sent"].sum()),
             "total_bytes": float(epochs["bytes_sent"].sum()),
             "train_time_s": float(epochs["epoch_time_s"].sum()),
-            "world_size": None if world_size is None else int(world_size),
-            "predicted_workers": workers if workers is not None else (
-                None if world_size is None else int(world_size)),
+            "world_size": world_size,
+            "predicted_workers": workers if workers is not None else world_size,
             "predicted_time_s": predicted_run_time(epochs, net, workers),
-            "model.variant": model_variant(
-                {key: _first(epochs[key]) for key in ("model.name", *PAPER_MODEL_SIZES) if key in epochs}),
+            "model.variant": model_variant({key: first_value(epochs, key)
+                                                 for key in ("model.name", *PAPER_MODEL_SIZES)}),
             # the distinct global batch sizes the run trained with (labels of the batch tables)
             "global_batches": tuple(sorted({int(b) for b in epochs["global_batch"].dropna()}))
             if "global_batch" in epochs else (),

@@ -90,7 +90,7 @@ def _rows(section: Section, runs: pd.DataFrame) -> tuple[Row, ...]:
         cell_runs = _cell_runs(runs, cell)
         finals = cell_runs["final"]
         stats[cell] = dict(
-            seeds=len(cell_runs), mean=_mean(finals),
+            label=cell_label(cell, cell_runs), seeds=len(cell_runs), mean=_mean(finals),
             std=float(finals.std(ddof=1)) if len(finals) > 1 else None,
             floats_m=None if cell_runs.empty else _mean(cell_runs["total_floats"]) / 1e6,
             time_s=_mean(cell_runs["train_time_s"]),
@@ -101,12 +101,10 @@ def _rows(section: Section, runs: pd.DataFrame) -> tuple[Row, ...]:
         own = stats[cell]
         base = next((stats[other] for other in section.cells
                      if other.model == cell.model and other.method == "static_low"), {})
-        has_runs = own["seeds"] > 0
-        rows.append(Row(
-            cell=cell, label=cell_label(cell, _cell_runs(runs, cell)), **own,
-            saved=_ratio(base.get("floats_m"), own["floats_m"]) if has_runs else None,
-            speedup=_ratio(base.get("time_s"), own["time_s"]) if has_runs else None,
-            predicted_speedup=_ratio(base.get("predicted_s"), own["predicted_s"]) if has_runs else None,
+        rows.append(Row(  # a cell without runs has no floats or times, so no ratios either
+            cell=cell, **own, saved=_ratio(base.get("floats_m"), own["floats_m"]),
+            speedup=_ratio(base.get("time_s"), own["time_s"]),
+            predicted_speedup=_ratio(base.get("predicted_s"), own["predicted_s"]),
             official=official_final(cell.dataset, cell.family, cell.model, cell.reference_setting),
         ))
     return tuple(rows)
@@ -152,12 +150,12 @@ def _fmt_quantity(value: float | None) -> str:
     return format(value, ",.1f") if value >= 1 else format(value, ".3g")
 
 
-def _fmt_metric(row: Row, plus_minus: str) -> str:
+def _fmt_metric(row: Row) -> str:
     if row.seeds == 0:
         return "missing"
     if row.std is None:
         return _fmt(row.mean, ".2f")
-    return f"{row.mean:.2f} {plus_minus} {row.std:.2f}"
+    return f"{row.mean:.2f} ± {row.std:.2f}"
 
 
 def _scale_text(blocks: list[Block]) -> str:
@@ -181,26 +179,22 @@ def first_line(spec: TableSpec, blocks: list[Block]) -> str:
     return f"{spec.title}. {_scale_text(blocks)}. {_dataset_text(blocks)}."
 
 
-def _workers_text(block: Block) -> str:
-    if not block.workers:
-        return "p=runs' world size"
-    return "p=" + "/".join(str(w) for w in block.workers)
-
-
 def header(block: Block, net: str) -> list[str]:
+    workers = "p=" + "/".join(str(w) for w in block.workers) if block.workers else "p=runs' world size"
     return ["Model", "Method", METRIC_TITLES[block.section.metric], "Seeds", "Floats (M)",
             "Saved vs static low", "Time (s)", "Speedup vs static low",
-            f"Predicted time, {net} {_workers_text(block)} (s)", "Predicted speedup",
-            "Official final"]
+            f"Predicted time, {net} {workers} (s)", "Predicted speedup", "Official final"]
 
 
-def row_cells(row: Row, plus_minus: str = "±") -> list[str]:
-    return [row.cell.model, row.label, _fmt_metric(row, plus_minus), str(row.seeds),
-            _fmt_quantity(row.floats_m), _fmt(row.saved, ".2f") + ("x" if row.saved else ""),
-            _fmt_quantity(row.time_s), _fmt(row.speedup, ".2f") + ("x" if row.speedup else ""),
-            _fmt_quantity(row.predicted_s),
-            _fmt(row.predicted_speedup, ".2f") + ("x" if row.predicted_speedup else ""),
-            _fmt(row.official, ".2f")]
+def _fmt_ratio(value: float | None) -> str:
+    return _fmt(value, ".2f") + ("x" if value else "")
+
+
+def row_cells(row: Row) -> list[str]:
+    return [row.cell.model, row.label, _fmt_metric(row), str(row.seeds),
+            _fmt_quantity(row.floats_m), _fmt_ratio(row.saved), _fmt_quantity(row.time_s),
+            _fmt_ratio(row.speedup), _fmt_quantity(row.predicted_s),
+            _fmt_ratio(row.predicted_speedup), _fmt(row.official, ".2f")]
 
 
 def _block_heading(block: Block) -> str:

@@ -4,25 +4,3 @@ Loopback is so fast that compression only costs time; these helpers put rank 0 a
 either end of a link shaped with tc so that the wall-clock effect of compression can be
 measured with real processes and real sockets, and held against the cost model.
 """
-
-from accordion_repro.netbench.netns import (
-    PREFIX,
-    LinkSpec,
-    NamespacePair,
-    NetbenchUnavailable,
-    ShapingReport,
-    cleanup_leftovers,
-    missing_requirement,
-    teardown_on_signals,
-)
-
-__all__ = [
-    "PREFIX",
-    "LinkSpec",
-    "NamespacePair",
-    "NetbenchUnavailable",
-    "ShapingReport",
-    "cleanup_leftovers",
-    "missing_requirement",
-    "teardown_on_signals",
-]

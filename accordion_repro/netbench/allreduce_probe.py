@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from accordion_repro.netbench.netns import LinkSpec, NamespacePair
+from accordion_repro.netbench.netns import NamespacePair
 from accordion_repro.netbench.ranks import python_argv, run_two_ranks
 
 
@@ -32,12 +32,6 @@ class AllreduceMeasurement:
     def mean_s(self) -> float:
         return statistics.fmean(self.times_s)
 
-    def expected_s(self, link: LinkSpec) -> float:
-        return self.bytes * 8 / link.bandwidth_bps
-
-    def effective_bandwidth_bps(self) -> float:
-        return self.bytes * 8 / self.median_s
-
 
 def measure_shaped_allreduce(pair: NamespacePair, *, numel: int, repeats: int, work_dir: Path,
                              timeout_s: float = 60.0, op: str = "allreduce"
@@ -51,8 +45,7 @@ def measure_shaped_allreduce(pair: NamespacePair, *, numel: int, repeats: int, w
     argv = python_argv("accordion_repro.netbench.allreduce_probe", "--numel", str(numel),
                        "--repeats", str(repeats), "--out", str(out), "--op", op)
     run_two_ranks(pair, argv, log_dir=Path(work_dir), timeout_s=timeout_s)
-    data = json.loads(out.read_text())
-    return AllreduceMeasurement(numel=data["numel"], bytes=data["bytes"], times_s=data["times_s"])
+    return AllreduceMeasurement(**json.loads(out.read_text()))  # numel, bytes, times_s
 
 
 def _probe(numel: int, repeats: int, out: Path, op: str) -> None:
@@ -91,8 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--op", choices=("allreduce", "allgather"), default="allreduce")
-    args = parser.parse_args(argv)
-    _probe(args.numel, args.repeats, args.out, args.op)
+    _probe(**vars(parser.parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -17,14 +17,13 @@ import json
 import math
 import shutil
 import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from accordion_repro.analysis.costmodel import Network, step_comm_time
 from accordion_repro.netbench.allreduce_probe import AllreduceMeasurement, measure_shaped_allreduce
 from accordion_repro.netbench.netns import LinkSpec, NamespacePair, ShapingReport
-from accordion_repro.netbench.ranks import run_two_ranks
+from accordion_repro.netbench.ranks import python_argv, run_two_ranks
 from accordion_repro.netbench.study import Run
 
 WORKERS = 2
@@ -82,22 +81,18 @@ class LinkCalibration:
                        allgather_rate=self.allgather_rate(allgather_bytes or self.gather.bytes))
 
 
-PROBES = ("bulk", "gather", "gather_small", "tiny")
-
-
 def calibrate(pair: NamespacePair, work_dir: Path) -> dict:
     """The raw probes of one link: name -> {numel, bytes, times_s}."""
     def probe(numel, op, repeats=12):
-        m = measure_shaped_allreduce(pair, numel=numel, repeats=repeats, op=op,
-                                     work_dir=work_dir / f"{op}{numel}")
-        return {"numel": m.numel, "bytes": m.bytes, "times_s": m.times_s}
+        return vars(measure_shaped_allreduce(pair, numel=numel, repeats=repeats, op=op,
+                                             work_dir=work_dir / f"{op}{numel}"))
 
     return {"bulk": probe(BULK_NUMEL, "allreduce"), "gather": probe(BULK_NUMEL, "allgather"),
             "gather_small": probe(BULK_NUMEL // 16, "allgather"), "tiny": probe(1, "allreduce", 20)}
 
 
 def link_calibration(shaping: ShapingReport | None, probes: dict) -> LinkCalibration:
-    return LinkCalibration(shaping, **{name: AllreduceMeasurement(**probes[name]) for name in PROBES})
+    return LinkCalibration(shaping, **{name: AllreduceMeasurement(**probe) for name, probe in probes.items()})
 
 
 @dataclass(frozen=True)
@@ -161,39 +156,26 @@ def step_overrides(run: Run, steps: int, run_dir: Path, *, epochs: int = 1 + TIM
     ]
 
 
-def trainer_argv(overrides: list[str]) -> list[str]:
-    return [sys.executable, "-m", "accordion_repro.train", *overrides]
-
-
-def run_trainer(pair: NamespacePair, overrides: list[str], run_dir: Path, *, timeout_s: float) -> list[dict]:
-    """Train across the link as rank 0 and rank 1; return rank 0's per-epoch records."""
-    if run_dir.exists():
-        shutil.rmtree(run_dir)  # never resume a previous attempt's checkpoint
-    run_dir.mkdir(parents=True)
-    run_two_ranks(pair, trainer_argv(overrides), log_dir=run_dir / "logs", timeout_s=timeout_s)
-    return read_epochs(run_dir / "metrics.jsonl")
-
-
 # What the benchmark keeps of each trainer epoch (results/bench/network_raw.json).
 EPOCH_KEYS = ("epoch", "steps", "global_batch", "levels", "epoch_time_s", "compute_time_s",
               "comm_time_s", "floats_sent", "bytes_sent", "collectives", "allgather_bytes_sent",
               "allgathers")
 
 
-def time_step(pair: NamespacePair, run: Run, steps: int, run_dir: Path, *, timeout_s: float) -> list[dict]:
-    """Rank 0's epochs of the static run's configuration across the link (the first is the
-    warm-up; StepTime.from_epochs(epochs[1:]) is the step)."""
-    epochs = run_trainer(pair, step_overrides(run, steps, run_dir), run_dir, timeout_s=timeout_s)
-    return [{k: e[k] for k in EPOCH_KEYS if k in e} for e in epochs]
-
-
-def read_epochs(path: Path) -> list[dict]:
+def run_trainer(pair: NamespacePair, overrides: list[str], run_dir: Path, *, timeout_s: float) -> list[dict]:
+    """Train across the link as rank 0 and rank 1; return rank 0's per-epoch records (EPOCH_KEYS)."""
+    if run_dir.exists():
+        shutil.rmtree(run_dir)  # never resume a previous attempt's checkpoint
+    run_dir.mkdir(parents=True)
+    run_two_ranks(pair, python_argv("accordion_repro.train", *overrides), log_dir=run_dir / "logs",
+                  timeout_s=timeout_s)
+    path = run_dir / "metrics.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"the trainer wrote no {path}")
     epochs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     if not epochs:
         raise ValueError(f"{path} holds no epoch")
-    return epochs
+    return [{k: e[k] for k in EPOCH_KEYS if k in e} for e in epochs]
 
 
 def link_pair(link: LinkSpec | None, tag: str):

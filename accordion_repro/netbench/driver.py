@@ -14,19 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from accordion_repro.netbench.bench import (
-    EPOCH_KEYS,
-    LinkCalibration,
-    StepTime,
-    calibrate,
-    link_calibration,
-    link_pair,
-    predicted_step,
-    run_trainer,
-    step_overrides,
-    steps_for,
-    time_step,
-)
+from accordion_repro.netbench.bench import (LinkCalibration, StepTime, calibrate, link_calibration,
+                                            link_pair, predicted_step, run_trainer, step_overrides, steps_for)
 from accordion_repro.netbench.netns import LinkSpec, ShapingReport, cleanup_leftovers, teardown_on_signals
 from accordion_repro.netbench.study import ACCORDION, DENSE, Family, Run, signature
 from accordion_repro.netbench.wholerun import WholeRun, run_time, schedule_trace, whole_runs
@@ -46,6 +35,10 @@ class StepRow:
     fast: StepTime               # the same configuration on the unshaped pair
     model_s: float
     study_bytes_per_step: float  # what the study's run logged, for the agreement check
+
+    @property
+    def model_error(self) -> float:
+        return self.model_s / self.step.step_s - 1.0
 
 
 @dataclass(frozen=True)
@@ -103,10 +96,10 @@ def measure(links: Sequence[LinkSpec], families: Sequence[Family], *, steps: int
     def time_all(pair, link_dir: Path, label: str) -> dict[str, list[dict]]:
         epochs = {}
         for run in configs:
-            batch = int(run.epochs[0]["global_batch"])
-            epochs[run.preset] = time_step(pair, run, steps_for(batch, steps),
-                                           link_dir / run.preset.replace("/", "_"), timeout_s=timeout_s)
-            step = StepTime.from_epochs(epochs[run.preset][1:])
+            run_dir = link_dir / run.preset.replace("/", "_")
+            overrides = step_overrides(run, steps_for(int(run.epochs[0]["global_batch"]), steps), run_dir)
+            epochs[run.preset] = run_trainer(pair, overrides, run_dir, timeout_s=timeout_s)
+            step = StepTime.from_epochs(epochs[run.preset][1:])  # the first epoch is the warm-up
             log(f"[{label}] {run.preset} ({_level(run)}): {step.step_s * 1e3:.0f} ms/step")
         return epochs
 
@@ -149,8 +142,7 @@ def end_to_end(pair, family: Family, steps: int, run_dir: Path, *, timeout_s: fl
     samples = max(steps * batches[0], 2 * batches[-1])  # every batch it may switch to divides it
     overrides = step_overrides(run, samples // int(run.epochs[0]["global_batch"]), run_dir,
                                epochs=CHECK_EPOCHS, extra=CHECK_SCHEDULE)
-    epochs = run_trainer(pair, overrides, run_dir, timeout_s=timeout_s * CHECK_EPOCHS)
-    return [{k: e[k] for k in EPOCH_KEYS if k in e} for e in epochs]
+    return run_trainer(pair, overrides, run_dir, timeout_s=timeout_s * CHECK_EPOCHS)
 
 
 def assemble(raw: dict, families: Sequence[Family]) -> BenchmarkResult:

@@ -92,16 +92,12 @@ def tbf_burst_bytes(bandwidth_bps: float) -> int:
     return max(32 * 1024, int(bandwidth_bps / 8 * 2e-3))
 
 
-def tbf_limit_bytes(bandwidth_bps: float) -> int:
-    """Queue of ~100 ms of traffic (at least 1 MiB): deep enough that TCP is shaped, not dropped."""
-    return max(1 << 20, int(bandwidth_bps / 8 * 0.1))
-
-
 def shaping_commands(device: str, link: LinkSpec, *, with_delay: bool) -> list[list[str]]:
     """tc argv lists for one veth end: netem (delay) at the root with tbf (rate) below it."""
-    rate = f"{int(link.bandwidth_bps)}bit"
-    tbf = ["tbf", "rate", rate, "burst", str(tbf_burst_bytes(link.bandwidth_bps)),
-           "limit", str(tbf_limit_bytes(link.bandwidth_bps))]
+    rate = link.bandwidth_bps
+    # the queue holds ~100 ms of traffic (at least 1 MiB): deep enough that TCP is shaped, not dropped
+    tbf = ["tbf", "rate", f"{int(rate)}bit", "burst", str(tbf_burst_bytes(rate)),
+           "limit", str(max(1 << 20, int(rate / 8 * 0.1)))]
     if not with_delay:
         return [["tc", "qdisc", "replace", "dev", device, "root", "handle", "1:", *tbf]]
     delay = f"{link.latency_s * 1e6:.0f}us"
@@ -126,11 +122,6 @@ def list_namespaces() -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
-def namespace_pids(namespace: str) -> list[int]:
-    out = _run(["ip", "netns", "pids", namespace], check=False).stdout
-    return [int(tok) for tok in out.split() if tok.isdigit()]
-
-
 def _kill_pids(pids: Sequence[int], grace_s: float = 2.0) -> None:
     """SIGTERM, then SIGKILL whatever is still there after the grace period."""
     for pid in pids:
@@ -146,7 +137,8 @@ def _kill_pids(pids: Sequence[int], grace_s: float = 2.0) -> None:
 
 def delete_namespace(namespace: str) -> None:
     """Kill what still runs inside, then delete; the veth end dies with its namespace."""
-    _kill_pids(namespace_pids(namespace))
+    out = _run(["ip", "netns", "pids", namespace], check=False).stdout
+    _kill_pids([int(tok) for tok in out.split() if tok.isdigit()])
     _run(["ip", "netns", "delete", namespace], check=False)
 
 
@@ -215,21 +207,17 @@ class NamespacePair:
 
     def shape(self, link: LinkSpec) -> ShapingReport:
         """Shape both directions; fall back to rate-only when the kernel lacks netem."""
-        with_delay = link.latency_s > 0
-        note = ""
-        if with_delay and not self._try_shape(link, with_delay=True):
-            with_delay = False
-            note = "netem is not available in this kernel: latency not added (rate only)"
-        if not with_delay:
-            for ns, dev in zip(self.namespaces, self.devices):
-                for argv in shaping_commands(dev, link, with_delay=False):
-                    _run(["ip", "netns", "exec", ns, *argv])
-        return ShapingReport(link=link, latency_applied=with_delay, note=note)
+        if link.latency_s > 0 and self._shape(link, with_delay=True, check=False):
+            return ShapingReport(link=link, latency_applied=True)
+        self._shape(link, with_delay=False, check=True)
+        note = "netem is not available in this kernel: latency not added (rate only)"
+        return ShapingReport(link=link, latency_applied=False, note=note if link.latency_s > 0 else "")
 
-    def _try_shape(self, link: LinkSpec, *, with_delay: bool) -> bool:
+    def _shape(self, link: LinkSpec, *, with_delay: bool, check: bool) -> bool:
+        """tc on both ends; a failing command raises (check) or is undone (returns False)."""
         for ns, dev in zip(self.namespaces, self.devices):
             for argv in shaping_commands(dev, link, with_delay=with_delay):
-                if _run(["ip", "netns", "exec", ns, *argv], check=False).returncode != 0:
+                if _run(["ip", "netns", "exec", ns, *argv], check=check).returncode != 0:
                     for ns2, dev2 in zip(self.namespaces, self.devices):
                         _run(["ip", "netns", "exec", ns2, "tc", "qdisc", "del", "dev", dev2,
                               "root"], check=False)

@@ -6,7 +6,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Sequence
 
 from accordion_repro.netbench.netns import NamespacePair
 
@@ -17,10 +17,9 @@ class RanksFailed(RuntimeError):
     """A rank exited non-zero or the pair ran past its timeout; the message names the log."""
 
 
-def rank_environment(pair: NamespacePair, rank: int, *, port: int,
-                     base: Mapping[str, str] | None = None) -> dict[str, str]:
+def rank_environment(pair: NamespacePair, rank: int, *, port: int) -> dict[str, str]:
     """torchrun-style variables; gloo is pinned to the veth so it never picks another device."""
-    env = dict(os.environ if base is None else base)
+    env = dict(os.environ)
     env.update(
         RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
         MASTER_ADDR=pair.addresses[0], MASTER_PORT=str(port),
@@ -31,8 +30,7 @@ def rank_environment(pair: NamespacePair, rank: int, *, port: int,
 
 
 def run_two_ranks(pair: NamespacePair, argv: Sequence[str], *, log_dir: Path,
-                  timeout_s: float, port: int = DEFAULT_PORT,
-                  extra_env: Mapping[str, str] | None = None) -> float:
+                  timeout_s: float, port: int = DEFAULT_PORT) -> float:
     """Run argv as rank 0 in namespace a and rank 1 in namespace b; return the wall time.
 
     Both ranks share the time limit; on failure or timeout the survivors are stopped so the
@@ -44,11 +42,10 @@ def run_two_ranks(pair: NamespacePair, argv: Sequence[str], *, log_dir: Path,
     start = time.monotonic()
     try:
         for rank in (0, 1):
-            env = rank_environment(pair, rank, port=port)
-            env.update(extra_env or {})
             log = open(log_dir / f"rank{rank}.log", "w")
             logs.append(log)
-            procs.append(pair.popen(rank, argv, env=env, stdout=log, stderr=log))
+            procs.append(pair.popen(rank, argv, env=rank_environment(pair, rank, port=port),
+                                    stdout=log, stderr=log))
         while any(p.poll() is None for p in procs):
             if any(p.poll() not in (None, 0) for p in procs):
                 break

@@ -39,16 +39,13 @@ def run_records(result: BenchmarkResult) -> list[dict]:
 
 
 def step_records(result: BenchmarkResult) -> list[dict]:
-    return [{"link": s.link, "preset": s.preset, "level": s.level, "step_s": s.step.step_s,
-             "compute_s": s.step.compute_s, "comm_s": s.step.comm_s,
+    return [{"link": s.link, "preset": s.preset, "level": s.level, **s.step.__dict__,
              "bytes_per_step": s.step.bytes_sent, "study_bytes_per_step": s.study_bytes_per_step,
-             "collectives": s.step.collectives, "allgather_bytes": s.step.allgather_bytes,
-             "allgathers": s.step.allgathers, "steps": s.step.steps, "model_s": s.model_s,
-             "model_error": s.model_s / s.step.step_s - 1.0} for s in result.steps]
+             "model_s": s.model_s, "model_error": s.model_error} for s in result.steps]
 
 
-def _x(value, spec: str = ".2f", suffix: str = "x") -> str:
-    return "n/a" if value is None else f"{value:{spec}}{suffix}"
+def _x(value) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
 
 
 def _flag(error: float) -> str:
@@ -73,8 +70,8 @@ def why(s: StepRow) -> str:
 
 def off_rows(result: BenchmarkResult) -> list[str]:
     """One line per row beyond the tolerance, with the term it comes from."""
-    lines = [f"{s.link} step of {s.preset}: model {s.model_s / s.step.step_s - 1:+.0%}; {why(s)}."
-             for s in result.steps if abs(s.model_s / s.step.step_s - 1) > TOLERANCE]
+    lines = [f"{s.link} step of {s.preset}: model {s.model_error:+.0%}; {why(s)}."
+             for s in result.steps if abs(s.model_error) > TOLERANCE]
     for r in result.rows:
         if abs(r.model_error) > TOLERANCE:
             lines.append(f"{r.link} {r.label} (whole run): model {r.model_error:+.0%}; it inherits the "
@@ -178,6 +175,7 @@ def plot(result: BenchmarkResult, families: Sequence[Family], path: Path) -> Non
     measured_bw = sorted({c.bandwidth_bps for c in result.calibrations})
     bandwidths = list(np.geomspace(measured_bw[0] / 2, measured_bw[-1] * 2, 48))
     curves = model_curve(result, families, bandwidths)
+    link_bandwidth = {c.label: c.bandwidth_bps for c in reversed(result.calibrations)}
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     drawn = 0
     styles = {"powersgd": "-", "topk": "--", "batch": ":"}
@@ -188,11 +186,10 @@ def plot(result: BenchmarkResult, families: Sequence[Family], path: Path) -> Non
         drawn += 1
         ax.plot(np.array(bandwidths) / 1e9, values, color=color, lw=1.4, ls=styles[family],
                 label=f"{label} ({family})")
-        points = [(r_bw, r.speedup_vs_static_low) for r in result.rows
-                  for r_bw in [next(c.bandwidth_bps for c in result.calibrations if c.label == r.link)]
+        points = [(link_bandwidth[r.link] / 1e9, r.speedup_vs_static_low) for r in result.rows
                   if r.family == family and r.method == method]
         if points:
-            ax.plot([p[0] / 1e9 for p in points], [p[1] for p in points], "o", color=color)
+            ax.plot(*zip(*points), "o", color=color)
     ax.axhline(1.0, color="0.5", lw=0.8, ls=":")
     ax.set_xscale("log")
     ax.set_xlabel("link bandwidth (Gbit/s), 2 workers")

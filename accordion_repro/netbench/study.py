@@ -20,7 +20,6 @@ from accordion_repro.analysis.layout import FIGURES, TABLES, TWINS
 from accordion_repro.errors import ConfigError
 
 DENSE, STATIC_LOW, STATIC_HIGH, ACCORDION = "dense", "static_low", "static_high", "accordion"
-METHODS = (DENSE, STATIC_LOW, STATIC_HIGH, ACCORDION)
 FAMILY_TITLES = {"powersgd": "PowerSGD", "topk": "Top-K", "batch": "Batch size"}
 DENSE_PRESET = TABLES["table1"].cells[0].preset  # table1/resnet18_powersgd_dense
 
@@ -70,10 +69,6 @@ class Family:
     runs: dict[str, Run]      # method -> run
 
     @property
-    def title(self) -> str:
-        return FAMILY_TITLES[self.name]
-
-    @property
     def static_runs(self) -> list[Run]:
         """The runs whose step the benchmark times (each steps one way all through)."""
         return [self.runs[m] for m in (DENSE, STATIC_LOW, STATIC_HIGH) if m in self.runs]
@@ -83,7 +78,7 @@ class Family:
         visits a level no static run has cannot be timed."""
         for method in (STATIC_LOW, STATIC_HIGH):
             if method not in self.runs:
-                raise ConfigError("runs", f"{self.title}: no {method} run to time a step of")
+                raise ConfigError("runs", f"{FAMILY_TITLES[self.name]}: no {method} run to time a step of")
         for run in self.static_runs:
             if len(run.signatures) != 1:
                 raise ConfigError("runs", f"{run.path}: a static run that changes level or batch "

@@ -100,18 +100,14 @@ def whole_runs(link: str, family: Family, measured: Mapping[tuple, float],
                modelled: Mapping[tuple, float]) -> list[WholeRun]:
     """One row per run of the family on one link, with speedups over the family's static-low
     run and over the dense run (for the batch family its B_low run, which is the dense one)."""
-    rows = []
-    for method, run in family.runs.items():
-        rows.append(WholeRun(
-            link=link, family=family.name, method=method, label=label(family, method, run),
-            run_dir=str(run.path),
-            epochs=len(run.epochs), steps=sum(int(e["steps"]) for e in run.epochs),
-            schedule=schedule_trace(family, run.epochs),
-            time_s=run_time(run.epochs, family, measured),
-            model_s=run_time(run.epochs, family, modelled),
-            floats=float(sum(e["floats_sent"] for e in run.epochs)),
-            bytes=float(sum(e["bytes_sent"] for e in run.epochs))))
-    times = {r.method: r.time_s for r in rows}
+    times = {method: run_time(run.epochs, family, measured) for method, run in family.runs.items()}
     low, dense = times.get(STATIC_LOW), times.get("dense", times.get(STATIC_LOW))
-    return [WholeRun(**{**r.__dict__, "speedup_vs_static_low": low / r.time_s if low else None,
-                        "speedup_vs_dense": dense / r.time_s if dense else None}) for r in rows]
+    return [WholeRun(
+        link=link, family=family.name, method=method, label=label(family, method, run),
+        run_dir=str(run.path), epochs=len(run.epochs), steps=sum(int(e["steps"]) for e in run.epochs),
+        schedule=schedule_trace(family, run.epochs), time_s=times[method],
+        model_s=run_time(run.epochs, family, modelled),
+        floats=float(sum(e["floats_sent"] for e in run.epochs)),
+        bytes=float(sum(e["bytes_sent"] for e in run.epochs)),
+        speedup_vs_static_low=low / times[method] if low else None,
+        speedup_vs_dense=dense / times[method] if dense else None) for method, run in family.runs.items()]
