@@ -15,7 +15,9 @@ from typing import Any, Mapping
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
+from accordion_repro.comm.config import SETTINGS as COMPRESSOR_SETTINGS, compressor_level  # noqa: F401  (tests and callers read it here)
 from accordion_repro.errors import ConfigError
+from accordion_repro.options import defaults_of
 
 
 MAX_SUBDIR = 200  # file systems allow 255 bytes per path component
@@ -49,7 +51,30 @@ def register_resolvers() -> None:
     OmegaConf.register_new_resolver("acc.mul", _mul, replace=True)
 
 
+def register_defaults() -> None:
+    """Give conf/ the compressors' and schedules' defaults from their settings dataclasses.
+
+    A default lives in one place: the dataclass, because compressors and schedules are also
+    used without Hydra. conf/compressor/<name>.yaml and conf/schedule/<name>.yaml start from
+    `/_defaults/<group>/<name>` (stored here), so every option can still be overridden on the
+    command line, and hold only what the dataclass does not default (a level, a batch bound)
+    or what conf ties to another key (`seed: ${seed}`, `interval: ${scale.detector_interval}`).
+    """
+    from hydra.core.config_store import ConfigStore
+
+    from accordion_repro.accordion import SCHEDULES
+
+    store = ConfigStore.instance()
+    groups = {"compressor": COMPRESSOR_SETTINGS,
+              "schedule": {name: cls.Settings for name, cls in SCHEDULES.items()}}
+    for group, settings in groups.items():
+        for name, cls in settings.items():
+            store.store(group=f"_defaults/{group}", name=name,
+                        node={"name": name, **defaults_of(cls)})
+
+
 register_resolvers()
+register_defaults()
 
 
 def world_size_of(cfg: Mapping) -> int:
@@ -60,30 +85,14 @@ def world_size_of(cfg: Mapping) -> int:
     return env if env is not None else int(cfg["dist"]["nproc_per_node"])
 
 
-def compressor_level(name: str, options: Mapping):
-    """The compressor's own level: a PowerSGD rank, a Top-K ratio, or None for dense."""
-    return {"powersgd": options.get("rank"), "topk": options.get("ratio")}.get(name)
-
-
 def _require(cond: bool, key: str, message: str) -> None:
     if not cond:
         raise ConfigError(key, message)
 
 
-def _positive_int(cfg: Mapping, section: str, key: str, allow_none: bool = False) -> None:
-    value = cfg[section].get(key)
-    if value is None and allow_none:
-        return
-    _require(
-        isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-        f"{section}.{key}",
-        f"must be an integer >= 1, got {value!r}",
-    )
-
-
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError (or DatasetMissingError) for anything that would fail later."""
-    from accordion_repro.accordion import validate_schedule
+    from accordion_repro.accordion import SCHEDULES, validate_schedule
     from accordion_repro.comm import validate_compressor
     from accordion_repro.data import DATASET_NAMES, check_dataset
     from accordion_repro.models import MODEL_NAMES
@@ -100,56 +109,16 @@ def validate(cfg: DictConfig) -> None:
         key = getattr(exc, "full_key", None) or "config"
         raise ConfigError(str(key), f"cannot be resolved: {exc.msg if hasattr(exc, 'msg') else exc}") from None
 
-    trainer, optim, dist = c["trainer"], c["optim"], c["dist"]
-    _positive_int(c, "trainer", "epochs")
-    _positive_int(c, "trainer", "batch_size")
-    _positive_int(c, "trainer", "eval_batch_size")
-    _positive_int(c, "trainer", "max_steps_per_epoch", allow_none=True)
-    _positive_int(c, "trainer", "max_eval_steps", allow_none=True)
-    _positive_int(c, "trainer", "max_micro_batch", allow_none=True)
-    stop = trainer.get("stop_after_epoch")
-    _require(stop is None or (isinstance(stop, int) and stop >= 0), "trainer.stop_after_epoch",
-             f"must be an epoch >= 0 or null, got {stop!r}")
-    _require(trainer["resume"] in ("auto", "never"), "trainer.resume",
-             f"must be auto or never, got {trainer['resume']!r}")
-    _require(trainer["device"] in ("auto", "cpu", "cuda"), "trainer.device",
-             f"must be auto, cpu or cuda, got {trainer['device']!r}")
-    _require(trainer["progress"] in ("auto", "always", "never"), "trainer.progress",
-             f"must be auto, always or never, got {trainer['progress']!r}")
-    _require(trainer["nan_policy"] in ("stop", "continue"), "trainer.nan_policy",
-             f"must be stop or continue, got {trainer['nan_policy']!r}")
-    _require(isinstance(trainer["allow_config_change"], bool), "trainer.allow_config_change",
-             f"must be true or false, got {trainer['allow_config_change']!r}")
-    nw = trainer["num_workers"]
-    _require(nw == "auto" or (isinstance(nw, int) and nw >= 0), "trainer.num_workers",
-             f"must be auto or an integer >= 0, got {nw!r}")
-
-    _require(optim["name"] in ("sgd", "lstm_momentum"), "optim.name",
-             f"unknown optimizer {optim['name']!r}; choose sgd or lstm_momentum")
-    _require(isinstance(optim["lr"], (int, float)) and optim["lr"] > 0, "optim.lr",
-             f"must be > 0, got {optim['lr']!r}")
-    _require(0 <= optim["momentum"] < 1, "optim.momentum", f"must be in [0, 1), got {optim['momentum']!r}")
-    _require(optim["weight_decay"] >= 0, "optim.weight_decay", f"must be >= 0, got {optim['weight_decay']!r}")
-    _require(optim["warmup_epochs"] >= 0, "optim.warmup_epochs", f"must be >= 0, got {optim['warmup_epochs']!r}")
-    _require(0 < optim["decay_factor"] <= 1, "optim.decay_factor", f"must be in (0, 1], got {optim['decay_factor']!r}")
-    _require(optim["reference_batch"] >= 1, "optim.reference_batch", "must be >= 1")
-    clip = optim.get("clip_grad_norm")
-    _require(clip is None or clip > 0, "optim.clip_grad_norm", f"must be > 0 or null, got {clip!r}")
-    _require(optim["clip_point"] in ("local", "averaged"), "optim.clip_point",
-             f"must be local or averaged, got {optim['clip_point']!r}")
+    from accordion_repro.dist_settings import DistSettings
     from accordion_repro.engine.lr import build_epoch_lr
+    from accordion_repro.engine.settings import TrainerSettings
+    from accordion_repro.options import Options
 
-    # raises ConfigError("optim.decay_at") or ("optim.official_decay_compare")
-    build_epoch_lr(optim, total_epochs=trainer["epochs"], world_size=1, batch_size=trainer["batch_size"])
-
-    _positive_int(c, "dist", "nproc_per_node")
-    _require(dist["backend"] in ("auto", "gloo", "nccl"), "dist.backend",
-             f"must be auto, gloo or nccl, got {dist['backend']!r}")
-    _require(dist["launcher"] in ("auto", "spawn", "env"), "dist.launcher",
-             f"must be auto, spawn or env, got {dist['launcher']!r}")
-    mode = c["logger"]["wandb"]["mode"]
-    _require(mode in ("offline", "online", "disabled"), "logger.wandb.mode",
-             f"must be offline, online or disabled, got {mode!r}")
+    t = TrainerSettings.from_config(c["trainer"])
+    # reads optim through OptimSettings, then checks optim.decay_at and official_decay_compare
+    build_epoch_lr(c["optim"], total_epochs=t.epochs, world_size=1, batch_size=t.batch_size)
+    DistSettings.from_config(c["dist"])
+    Options("logger.wandb", c["logger"]["wandb"]).choice("mode", ("offline", "online", "disabled"))
 
     is_text = c["model"]["name"] == "lstm"
     dataset_is_text = c["dataset"]["name"] in ("wikitext2", "synthetic_text")
@@ -162,19 +131,13 @@ def validate(cfg: DictConfig) -> None:
     world = world_size_of(c)
     sched = dict(c["schedule"])
     sched_name = sched.pop("name")
-    validate_schedule(
-        sched_name, sched,
-        compressor=comp_name,
-        default_level=compressor_level(comp_name, comp),
-        base_global_batch=trainer["batch_size"] * world,
-        world_size=world,
-        total_epochs=trainer["epochs"],
-    )
+    base = t.batch_size * world
+    settings = validate_schedule(sched_name, sched, compressor=comp_name, base_global_batch=base,
+                                 world_size=world, total_epochs=t.epochs)
     # The batch schedules scale the LR from B_low, so B_low must be the batch the LR is set for.
-    b_low_key = {"batch_accordion": "low", "joint": "batch_low"}.get(sched_name)
-    if b_low_key is not None:
-        base = trainer["batch_size"] * world
-        _require(sched[b_low_key] == base, f"schedule.{b_low_key}",
-                 f"B_low must equal trainer.batch_size x world size = {trainer['batch_size']} x {world} "
-                 f"= {base} (the batch the LR schedule is set for), got {sched[b_low_key]}")
+    b_low = SCHEDULES[sched_name].batch_low_option
+    if b_low is not None:
+        _require(getattr(settings, b_low) == base, f"schedule.{b_low}",
+                 f"B_low must equal trainer.batch_size x world size = {t.batch_size} x {world} "
+                 f"= {base} (the batch the LR schedule is set for), got {getattr(settings, b_low)}")
     check_dataset(c["dataset"])

@@ -18,13 +18,12 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from .accordion import Plan, build_schedule
+from .accordion import DetectorSettings, Plan, build_schedule
+from .comm import level_option
 from .comm.collectives import broadcast_object
 from .comm.ddp_hook import AccordionHookState, accordion_hook
 from .comm.stats import CommStats
 
-# The compressor option that holds its default level.
-_LEVEL_OPTION = {"powersgd": "rank", "topk": "ratio"}
 _STATE_VERSION = 1
 
 
@@ -33,36 +32,34 @@ class Accordion:
 
     `low` is the level inside critical regimes (PowerSGD rank, or Top-K kept fraction) and
     `high` the level outside them; `eta`, `interval`, `lr_decay_rule` and `statistic` are the
-    detector's (docs/schedules.md). Other keywords go to the compressor (error_feedback,
-    warm_start, seed for PowerSGD; official_topk for Top-K). `async_op=False` reduces each
-    bucket inside the hook instead of overlapping it with the backward pass; `check_levels`
-    spends one 16-byte all-reduce per step to stop ranks that disagree on the levels.
+    detector's (docs/schedules.md; their defaults are DetectorSettings'). Other keywords go to
+    the compressor (error_feedback, warm_start, seed for PowerSGD; official_topk for Top-K).
+    `async_op=False` reduces each bucket inside the hook instead of overlapping it with the
+    backward pass; `check_levels` spends one 16-byte all-reduce per step to stop ranks that
+    disagree on the levels.
     """
 
     def __init__(self, ddp_model: DistributedDataParallel, compressor: str = "powersgd", *,
-                 low, high, eta: float = 0.5, interval: int = 10, lr_decay_rule: bool = True,
-                 statistic: str = "mean", async_op: bool = True, check_levels: bool = True,
-                 **compressor_options):
+                 low, high, async_op: bool = True, check_levels: bool = True, **options):
         if not isinstance(ddp_model, DistributedDataParallel):
             raise TypeError("Accordion needs the DistributedDataParallel-wrapped model (it "
                             "registers a communication hook on it), got "
                             f"{type(ddp_model).__name__}")
-        if compressor not in _LEVEL_OPTION:
-            known = ", ".join(sorted(_LEVEL_OPTION))
-            raise ValueError(f"Accordion adapts a compression level; compressor must be one of "
-                             f"{known}, got {compressor!r}")
+        option = level_option(compressor)
+        if option is None:
+            raise ValueError(f"Accordion adapts a compression level; compressor {compressor!r} "
+                             "has none (use powersgd or topk)")
         group = ddp_model.process_group
-        level_option = _LEVEL_OPTION[compressor]
-        options = {level_option: low, **compressor_options}
+        detector = {name: options.pop(name) for name in DetectorSettings.names() if name in options}
+        options = {option: low, **options}
         self.state = AccordionHookState(ddp_model.module, compressor, group=group,
                                         async_op=async_op, check_levels=check_levels, **options)
         self.rank = dist.get_rank(group)
         self._src = dist.get_global_rank(group, 0)  # the group's rank 0 decides
         self.schedule = build_schedule(
             "accordion", num_layers=len(self.state.layer_names), compressor=compressor,
-            default_level=options[level_option], base_global_batch=None,
-            world_size=dist.get_world_size(group), low=low, high=high, eta=eta,
-            interval=interval, lr_decay_rule=lr_decay_rule, statistic=statistic)
+            default_level=options[option], base_global_batch=None,
+            world_size=dist.get_world_size(group), low=low, high=high, **detector)
         # Rank 0's local gradients decide, as in the paper's code; the other ranks skip the sums.
         self.detector = self.schedule.make_detector() if self.rank == 0 else None
         if self.detector is not None:

@@ -39,6 +39,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from accordion_repro.dist_settings import DistSettings
+from accordion_repro.engine.settings import TrainerSettings
 from accordion_repro.env import env_rank, env_world_size, slurm_env
 from accordion_repro.errors import TrainingDiverged
 from accordion_repro.runlog import read_summary, write_summary
@@ -107,15 +109,10 @@ def free_port() -> int:
 
 
 def resolve_backend(cfg: dict) -> str:
-    backend = cfg["dist"]["backend"]
+    backend = DistSettings.from_config(cfg["dist"]).backend
     if backend != "auto":
         return backend
-    return "nccl" if _use_cuda(cfg) else "gloo"
-
-
-def _use_cuda(cfg: dict) -> bool:
-    device = cfg["trainer"]["device"]
-    return device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    return "nccl" if TrainerSettings.from_config(cfg["trainer"]).use_cuda else "gloo"
 
 
 def _limit_threads(local_world: int) -> None:
@@ -139,11 +136,12 @@ def _loopback(addr: str) -> bool:
     return addr in ("127.0.0.1", "localhost", "::1")
 
 
-def _spawned_worker(local_rank: int, cfg: dict, run_dir: str, world_size: int, addr: str,
+def _spawned_worker(local_rank: int, cfg: dict, run_dir: str, settings: DistSettings,
                     store_file: str) -> None:
+    world_size = settings.nproc_per_node
     os.environ.update(RANK=str(local_rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(world_size))
-    if _loopback(addr):
+    if _loopback(settings.master_addr):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     _die_with_parent()
@@ -152,7 +150,7 @@ def _spawned_worker(local_rank: int, cfg: dict, run_dir: str, world_size: int, a
         _rank0_logging(Path(run_dir))
     dist.init_process_group(backend=resolve_backend(cfg), init_method=f"file://{store_file}",
                             rank=local_rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=int(cfg["dist"]["timeout_s"])))
+                            timeout=datetime.timedelta(seconds=int(settings.timeout_s)))
     try:
         _run(cfg, Path(run_dir))
     finally:
@@ -235,12 +233,12 @@ def _end_of_run(run_dir: Path, submitit_handler, leader: bool) -> None:
 def launch(cfg: dict, run_dir: Path) -> None:
     """Run the job described by a resolved config; raise RankFailed if any rank fails and
     RunStopped if a signal stopped it."""
-    launcher = cfg["dist"]["launcher"]
+    settings = DistSettings.from_config(cfg["dist"])
     # submitit's time-limit handler, before the ranks make its signal a stop request.
     requeue = submitit_requeue_signal()
     submitit_handler = signal.getsignal(requeue) if requeue else None
-    if launcher in ("auto", "env") and env_world_size() is not None:
-        _join_env_group(resolve_backend(cfg), int(cfg["dist"]["timeout_s"]))
+    if settings.launcher in ("auto", "env") and env_world_size() is not None:
+        _join_env_group(resolve_backend(cfg), int(settings.timeout_s))
         _limit_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         try:
             _run(cfg, run_dir)
@@ -248,22 +246,20 @@ def launch(cfg: dict, run_dir: Path) -> None:
             dist.destroy_process_group()
         _end_of_run(run_dir, submitit_handler, leader=env_rank() == 0)
         return
-    if launcher == "env":
+    if settings.launcher == "env":
         raise RankFailed("dist.launcher=env but neither torchrun (RANK, WORLD_SIZE) nor Slurm "
                          "(SLURM_PROCID, SLURM_NTASKS > 1) environment variables are set")
-    nproc = int(cfg["dist"]["nproc_per_node"])
-    if nproc == 1:
+    if settings.nproc_per_node == 1:
         _run(cfg, run_dir)
     else:
         with tempfile.TemporaryDirectory(prefix="accordion-store-") as store_dir:
-            _spawn(cfg, run_dir, nproc, os.path.join(store_dir, "store"))
+            _spawn(cfg, run_dir, settings, os.path.join(store_dir, "store"))
     _end_of_run(run_dir, submitit_handler, leader=True)
 
 
-def _spawn(cfg: dict, run_dir: Path, nproc: int, store_file: str) -> None:
-    context = mp.start_processes(_spawned_worker, args=(cfg, str(run_dir), nproc,
-                                                        cfg["dist"]["master_addr"], store_file),
-                                 nprocs=nproc, join=False, start_method="spawn")
+def _spawn(cfg: dict, run_dir: Path, settings: DistSettings, store_file: str) -> None:
+    context = mp.start_processes(_spawned_worker, args=(cfg, str(run_dir), settings, store_file),
+                                 nprocs=settings.nproc_per_node, join=False, start_method="spawn")
     signals = {"count": 0}
 
     def forward(signum, frame):

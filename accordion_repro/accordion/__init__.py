@@ -1,10 +1,10 @@
 """The critical-regime detector and the schedules built on it (docs/schedules.md)."""
 
-from .detector import CriticalRegimeDetector
+from .detector import CriticalRegimeDetector, DetectorSettings
 from .factory import SCHEDULE_NAMES, SCHEDULES, build_schedule, validate_schedule
 from .plan import Plan, compact_levels
-from .schedules import (AccordionSchedule, BatchAccordionSchedule, DetectorSettings,
-                        JointSchedule, RegimeWindowsSchedule, Schedule, StaticSchedule)
+from .schedules import (AccordionSchedule, BatchAccordionSchedule, JointSchedule,
+                        RegimeWindowsSchedule, Schedule, StaticSchedule)
 
 __all__ = [
     "CriticalRegimeDetector", "Plan", "compact_levels", "Schedule", "StaticSchedule",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ..errors import ConfigError
-from .options import is_int
+from ..options import is_int
 
 LR_SCALINGS = ("linear", "sqrt", "none")
 

@@ -12,11 +12,38 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, fields
 
 import torch
 
+from ..options import Options
+
 STATISTICS = ("mean", "sum")
 GRANULARITIES = ("layer", "model", "layer+model")
+
+
+@dataclass(frozen=True)
+class DetectorSettings:
+    """The detector's options, as every detector-driven schedule takes them (`schedule.*`).
+
+    The defaults are the paper's (facts section 2); conf/ repeats none of them. `interval` is 10
+    for CIFAR and 5 for the LSTM in the paper: conf ties it to `scale.detector_interval`.
+    """
+
+    eta: float = 0.5            # critical when |prev - cur| / prev >= eta
+    interval: int = 10          # epochs between checks
+    lr_decay_rule: bool = True  # every unit critical when the next epoch's LR is lower
+    statistic: str = "mean"     # norm of the epoch's mean step gradient, or of the official sum
+
+    @classmethod
+    def read(cls, options: Options) -> DetectorSettings:
+        return cls(eta=options.number("eta"), interval=options.integer("interval"),
+                   lr_decay_rule=options.flag("lr_decay_rule"),
+                   statistic=options.choice("statistic", STATISTICS))
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
 
 
 class CriticalRegimeDetector:
@@ -31,24 +58,18 @@ class CriticalRegimeDetector:
     schedule changes it.
     """
 
-    def __init__(self, num_layers: int, *, eta: float = 0.5, interval: int = 10,
-                 lr_decay_rule: bool = True, statistic: str = "mean",
-                 granularity: str = "layer"):
+    def __init__(self, num_layers: int, *, granularity: str = "layer", **settings):
+        """`settings`: any of DetectorSettings' options (eta, interval, lr_decay_rule, statistic)."""
         if num_layers < 0:
             raise ValueError(f"num_layers must be >= 0, got {num_layers}")
-        if not eta > 0:
-            raise ValueError(f"eta must be > 0, got {eta}")
-        if interval < 1:
-            raise ValueError(f"interval must be >= 1, got {interval}")
-        if statistic not in STATISTICS:
-            raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}")
         if granularity not in GRANULARITIES:
             raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
+        reader = Options("schedule", settings, DetectorSettings)
+        reader.reject_unknown(DetectorSettings.names(), "the detector")
+        s = DetectorSettings.read(reader)
         self.num_layers = int(num_layers)
-        self.eta = float(eta)
-        self.interval = int(interval)
-        self.lr_decay_rule = bool(lr_decay_rule)
-        self.statistic = statistic
+        self.eta, self.interval = s.eta, s.interval
+        self.lr_decay_rule, self.statistic = s.lr_decay_rule, s.statistic
         self.granularity = granularity
         self._sums: list[torch.Tensor] | None = None
         self._fused = False

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..comm.config import level_kind
 from ..errors import ConfigError
-from .options import reject_unknown
+from ..options import Options
 from .schedules import (AccordionSchedule, BatchAccordionSchedule, JointSchedule,
                         RegimeWindowsSchedule, Schedule, ScheduleContext, StaticSchedule)
 
@@ -16,7 +17,8 @@ SCHEDULES: dict[str, type[Schedule]] = {
 SCHEDULE_NAMES = tuple(SCHEDULES)
 
 
-def _parse(name, options: Mapping, context: ScheduleContext) -> tuple[type[Schedule], dict]:
+def _parse(name, options: Mapping, compressor: str, base_global_batch, world_size,
+           total_epochs) -> tuple[type[Schedule], object]:
     if name not in SCHEDULES:
         raise ConfigError("schedule.name",
                           f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
@@ -24,19 +26,24 @@ def _parse(name, options: Mapping, context: ScheduleContext) -> tuple[type[Sched
     options = dict(options)
     if options.pop("name", name) != name:
         raise ConfigError("schedule.name", f"two names given: {name!r} and options['name']")
-    reject_unknown(name, options, cls.OPTIONS)
-    return cls, cls.parse(options, context)
+    reader = Options("schedule", options, cls.Settings)
+    reader.reject_unknown(cls.options(), f"schedule {name!r}")
+    # The compressor's kind of level comes from comm/, the one table of compressors.
+    context = ScheduleContext(compressor, level_kind(compressor), base_global_batch, world_size,
+                              total_epochs)
+    return cls, cls.parse(reader, context)
 
 
-def validate_schedule(name, options: Mapping, /, *, compressor: str, default_level,
+def validate_schedule(name, options: Mapping, /, *, compressor: str, default_level=None,
                       base_global_batch: int, world_size: int,
-                      total_epochs: int | None = None) -> None:
-    """Raise ConfigError naming `schedule.<key>` for anything build_schedule would refuse.
+                      total_epochs: int | None = None):
+    """The schedule's checked Settings; ConfigError naming `schedule.<key>` for anything
+    build_schedule would refuse.
 
     `options` is the schedule config node (its `name` key, if present, is ignored).
     `total_epochs` is needed only when an epoch is given as a fraction.
     """
-    _parse(name, options, ScheduleContext(compressor, base_global_batch, world_size, total_epochs))
+    return _parse(name, options, compressor, base_global_batch, world_size, total_epochs)[1]
 
 
 def build_schedule(name: str, /, *, num_layers: int, compressor: str, default_level,
@@ -45,8 +52,9 @@ def build_schedule(name: str, /, *, num_layers: int, compressor: str, default_le
     """A ready schedule; the engine gets its detector from `schedule.make_detector()`.
 
     `options` may be the whole schedule config node, `name` included (`**cfg.schedule`).
+    `default_level` is the compressor's own level, reported for layers no plan sets.
     """
-    context = ScheduleContext(compressor, base_global_batch, world_size, total_epochs)
-    cls, kwargs = _parse(name, options, context)
-    return cls(num_layers, default_level=default_level, base_global_batch=base_global_batch,
-               **kwargs)
+    cls, settings = _parse(name, options, compressor, base_global_batch, world_size,
+                           total_epochs)
+    return cls(num_layers, settings, default_level=default_level,
+               base_global_batch=base_global_batch)

@@ -2,20 +2,21 @@
 
 A schedule never sees a compressor or a loop. The engine asks for `initial_plan()` before
 epoch 0 and calls `on_epoch_end(e, flags)` at the end of epoch e; the returned Plan holds from
-epoch e + 1 on. Each class has a `parse(options, context)` that checks the user's options and
-returns the constructor's keyword arguments, so that validation and construction cannot drift.
+epoch e + 1 on. Each class names its options once, as its `Settings` dataclass (with the
+defaults); `parse(options, context)` checks the user's options into that object, and the
+schedule is built from it, so that validation and construction cannot drift.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
 
 from ..errors import ConfigError
+from ..options import Options, as_epoch
 from .batch import LR_SCALINGS, check_batch_order, check_global_batch, lr_scale_for
-from .detector import STATISTICS, CriticalRegimeDetector
-from .levels import check_compresses_more, check_level, require_compressor
-from .options import as_bool, as_choice, as_epoch, as_int, as_positive_real, key_of, required
+from .detector import CriticalRegimeDetector, DetectorSettings
+from .levels import check_compresses_more, check_level, require_levels
 from .plan import Plan, compact_levels
 
 # How per-layer flags become the one model-wide decision a batch size needs.
@@ -25,44 +26,94 @@ BATCH_MODES = ("detector", "fixed_epoch")
 
 @dataclass(frozen=True)
 class ScheduleContext:
-    """What a schedule needs to know about the rest of the run to check its options."""
+    """What a schedule needs to know about the rest of the run to check its options.
+
+    `level_kind` is the compressor's kind of level as comm/ gives it (int ranks, float kept
+    fractions, None); `compressor` only names the compressor in messages.
+    """
 
     compressor: str
+    level_kind: type | None
     base_global_batch: int
     world_size: int
     total_epochs: int | None = None
 
 
+# ---- each schedule's options: the one list of their names, with their defaults -------------
 @dataclass(frozen=True)
-class DetectorSettings:
-    eta: float = 0.5
-    interval: int = 10
-    lr_decay_rule: bool = True
-    statistic: str = "mean"
+class NoSettings:
+    pass
 
-    OPTIONS = ("eta", "interval", "lr_decay_rule", "statistic")
 
-    @classmethod
-    def parse(cls, options: Mapping) -> DetectorSettings:
-        return cls(eta=as_positive_real(options, "eta"),
-                   interval=as_int(options, "interval", minimum=1),
-                   lr_decay_rule=as_bool(options, "lr_decay_rule"),
-                   statistic=as_choice(options, "statistic", STATISTICS))
+@dataclass(frozen=True, kw_only=True)
+class AccordionSettings(DetectorSettings):
+    low: int | float   # level inside critical regimes (conf gives it)
+    high: int | float  # level outside them
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchChoices:
+    lr_scaling: str = "linear"    # lr_scale = B / B_low | sqrt | none
+    decision: str = "model_norm"  # batch from the whole-model norm | any | majority of layers
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchAccordionSettings(BatchChoices, DetectorSettings):
+    low: int   # B_low, global (conf gives it)
+    high: int  # B_high, global
+    mode: str = "detector"  # the paper's rule | fixed_epoch: B_low before switch_epoch (the logs)
+    switch_epoch: int | float = 0.0666666667  # epoch, or fraction of the run: 20 of 300
+
+
+@dataclass(frozen=True, kw_only=True)
+class JointSettings(BatchChoices, DetectorSettings):
+    low: int | float  # compression level inside critical regimes (conf gives the four bounds)
+    high: int | float
+    batch_low: int    # global batch inside critical regimes
+    batch_high: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegimeWindowsSettings:
+    windows: list  # [start, end) epoch pairs, or fractions of the run (conf gives all three)
+    inside: int | float
+    outside: int | float
+
+
+def _detector_options(reader: Options) -> dict:
+    return asdict(DetectorSettings.read(reader))
 
 
 class Schedule:
-    """Base: holds the plan in force and the last flags, and reports them for metrics.jsonl."""
+    """Base: holds the plan in force and the last flags, and reports them for metrics.jsonl.
+
+    A subclass names its options once, as the fields of its `Settings` dataclass; they read as
+    attributes of the schedule (`schedule.low`).
+    """
 
     name = "schedule"
-    OPTIONS: tuple[str, ...] = ()
+    Settings: type = NoSettings
+    batch_low_option: str | None = None  # the option holding B_low, for batch schedules
 
-    def __init__(self, num_layers: int, *, default_level=None, base_global_batch: int | None = None):
+    def __init__(self, num_layers: int, settings=None, *, default_level=None,
+                 base_global_batch: int | None = None):
+        self.settings = settings if settings is not None else self.Settings()
         self.num_layers = int(num_layers)
         self.default_level = default_level
         self.base_global_batch = base_global_batch
         self._plan = self.initial_plan()
         # per-layer flags and the model-wide batch decision in force, when the schedule has them
         self._critical, self._model_critical = self._initial_flags()
+
+    def __getattr__(self, option: str):
+        settings = self.__dict__.get("settings")
+        if settings is not None and option in self.options():
+            return getattr(settings, option)
+        raise AttributeError(f"{type(self).__name__!r} has no attribute {option!r}")
+
+    @classmethod
+    def options(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls.Settings))
 
     @property
     def needs_detector(self) -> bool:
@@ -119,8 +170,9 @@ class Schedule:
         self._model_critical = state["model_critical"]
 
     @classmethod
-    def parse(cls, options: Mapping, context: ScheduleContext) -> dict:
-        raise NotImplementedError
+    def parse(cls, options: Options, context: ScheduleContext):
+        """The user's options, checked, as this schedule's Settings."""
+        return cls.Settings()
 
 
 class StaticSchedule(Schedule):
@@ -134,28 +186,19 @@ class StaticSchedule(Schedule):
     def on_epoch_end(self, epoch: int, critical: Sequence[bool] | None) -> Plan:
         return self.plan
 
-    @classmethod
-    def parse(cls, options: Mapping, context: ScheduleContext) -> dict:
-        return {}
-
 
 class _DetectorDriven(Schedule):
     """Shared by the schedules that follow the detector's flags."""
 
     granularity = "layer"
 
-    def __init__(self, num_layers: int, *, detector: DetectorSettings = DetectorSettings(),
-                 **kwargs):
-        self.detector_settings = detector
-        super().__init__(num_layers, **kwargs)
-
     @property
     def needs_detector(self) -> bool:
         return True
 
     def make_detector(self) -> CriticalRegimeDetector:
-        return CriticalRegimeDetector(self.num_layers, granularity=self.granularity,
-                                      **asdict(self.detector_settings))
+        detector = {name: getattr(self.settings, name) for name in DetectorSettings.names()}
+        return CriticalRegimeDetector(self.num_layers, granularity=self.granularity, **detector)
 
     def _expect_flags(self, critical: Sequence[bool] | None) -> list[bool]:
         expected = {"layer": self.num_layers, "model": 1,
@@ -177,15 +220,25 @@ def _batch_decision(flags: list[bool], decision: str) -> bool:
     return flags[-1]
 
 
+@dataclass(frozen=True)
+class BatchRule:
+    """B_low in critical regimes, B_high outside, and the LR scale that goes with the batch."""
+
+    batch_low: int
+    batch_high: int
+    lr_scaling: str
+
+    def plan(self, critical: bool, levels=None) -> Plan:
+        batch = self.batch_low if critical else self.batch_high
+        return Plan(levels=levels, global_batch=batch,
+                    lr_scale=lr_scale_for(batch, self.batch_low, self.lr_scaling))
+
+
 class AccordionSchedule(_DetectorDriven):
     """The paper's rule for compression: `low` in critical regimes, `high` outside, per layer."""
 
     name = "accordion"
-    OPTIONS = ("low", "high") + DetectorSettings.OPTIONS
-
-    def __init__(self, num_layers: int, *, low, high, **kwargs):
-        self.low, self.high = low, high
-        super().__init__(num_layers, **kwargs)
+    Settings = AccordionSettings
 
     def initial_plan(self) -> Plan:
         return Plan(levels=[self.low] * self.num_layers, global_batch=None, lr_scale=1.0)
@@ -199,9 +252,9 @@ class AccordionSchedule(_DetectorDriven):
         return self._set(Plan(levels=levels, global_batch=None, lr_scale=1.0))
 
     @classmethod
-    def parse(cls, options: Mapping, context: ScheduleContext) -> dict:
+    def parse(cls, options: Options, context: ScheduleContext) -> AccordionSettings:
         low, high = _parse_level_pair(cls.name, options, context, "low", "high")
-        return {"low": low, "high": high, "detector": DetectorSettings.parse(options)}
+        return AccordionSettings(low=low, high=high, **_detector_options(options))
 
 
 class BatchAccordionSchedule(_DetectorDriven):
@@ -213,16 +266,12 @@ class BatchAccordionSchedule(_DetectorDriven):
     """
 
     name = "batch_accordion"
-    OPTIONS = ("low", "high", "lr_scaling", "mode", "switch_epoch",
-               "decision") + DetectorSettings.OPTIONS
+    Settings = BatchAccordionSettings
+    batch_low_option = "low"
 
-    def __init__(self, num_layers: int, *, batch_low: int, batch_high: int,
-                 lr_scaling: str = "linear", mode: str = "detector", switch_epoch: int = 20,
-                 decision: str = "model_norm", **kwargs):
-        self.batch_low, self.batch_high = batch_low, batch_high
-        self.lr_scaling, self.mode = lr_scaling, mode
-        self.switch_epoch, self.decision = switch_epoch, decision
-        super().__init__(num_layers, **kwargs)
+    def __init__(self, num_layers: int, settings: BatchAccordionSettings, **kwargs):
+        self.rule = BatchRule(settings.low, settings.high, settings.lr_scaling)
+        super().__init__(num_layers, settings, **kwargs)
 
     @property
     def granularity(self) -> str:
@@ -235,16 +284,11 @@ class BatchAccordionSchedule(_DetectorDriven):
     def make_detector(self) -> CriticalRegimeDetector | None:
         return super().make_detector() if self.needs_detector else None
 
-    def _batch_plan(self, critical: bool, levels=None) -> Plan:
-        batch = self.batch_low if critical else self.batch_high
-        return Plan(levels=levels, global_batch=batch,
-                    lr_scale=lr_scale_for(batch, self.batch_low, self.lr_scaling))
-
     def _starts_critical(self) -> bool:
         return self.mode == "detector" or self.switch_epoch > 0
 
     def initial_plan(self) -> Plan:
-        return self._batch_plan(critical=self._starts_critical())
+        return self.rule.plan(critical=self._starts_critical())
 
     def _initial_flags(self):
         per_layer = [True] * self.num_layers if self.granularity != "model" else None
@@ -258,54 +302,56 @@ class BatchAccordionSchedule(_DetectorDriven):
             if self.granularity == "layer":
                 self._critical = flags
             self._model_critical = _batch_decision(flags, self.decision)
-        return self._set(self._batch_plan(self._model_critical))
+        return self._set(self.rule.plan(self._model_critical))
 
     @classmethod
-    def parse(cls, options: Mapping, context: ScheduleContext) -> dict:
-        batch_low, batch_high = _parse_batch_pair(options, context, "low", "high")
-        return {"batch_low": batch_low, "batch_high": batch_high,
-                "lr_scaling": as_choice(options, "lr_scaling", LR_SCALINGS),
-                "mode": as_choice(options, "mode", BATCH_MODES),
-                "switch_epoch": as_epoch(required(options, "switch_epoch"),
-                                         key_of("switch_epoch"), context.total_epochs),
-                "decision": as_choice(options, "decision", BATCH_DECISIONS),
-                "detector": DetectorSettings.parse(options)}
+    def parse(cls, options: Options, context: ScheduleContext) -> BatchAccordionSettings:
+        low, high = _parse_batch_pair(options, context, "low", "high")
+        return BatchAccordionSettings(
+            low=low, high=high, lr_scaling=options.choice("lr_scaling", LR_SCALINGS),
+            mode=options.choice("mode", BATCH_MODES),
+            switch_epoch=as_epoch(options.get("switch_epoch"), options.key("switch_epoch"),
+                                  context.total_epochs),
+            decision=options.choice("decision", BATCH_DECISIONS), **_detector_options(options))
 
 
-class JointSchedule(BatchAccordionSchedule):
+class JointSchedule(_DetectorDriven):
     """Our extension (the paper adapts compression and batch size separately, never jointly):
     one detector sets each layer's compression level and the global batch together."""
 
     name = "joint"
-    OPTIONS = ("low", "high", "batch_low", "batch_high", "lr_scaling",
-               "decision") + DetectorSettings.OPTIONS
+    Settings = JointSettings
+    batch_low_option = "batch_low"
 
-    def __init__(self, num_layers: int, *, low, high, **kwargs):
-        self.low, self.high = low, high
-        super().__init__(num_layers, mode="detector", **kwargs)
+    def __init__(self, num_layers: int, settings: JointSettings, **kwargs):
+        self.rule = BatchRule(settings.batch_low, settings.batch_high, settings.lr_scaling)
+        super().__init__(num_layers, settings, **kwargs)
 
     @property
     def granularity(self) -> str:
         return "layer+model" if self.decision == "model_norm" else "layer"
 
     def initial_plan(self) -> Plan:
-        return self._batch_plan(critical=True, levels=[self.low] * self.num_layers)
+        return self.rule.plan(critical=True, levels=[self.low] * self.num_layers)
+
+    def _initial_flags(self):
+        return [True] * self.num_layers, True
 
     def on_epoch_end(self, epoch: int, critical: Sequence[bool] | None) -> Plan:
         flags = self._expect_flags(critical)
         self._critical = flags[:self.num_layers]
         self._model_critical = _batch_decision(flags, self.decision)
         levels = [self.low if c else self.high for c in self._critical]
-        return self._set(self._batch_plan(self._model_critical, levels=levels))
+        return self._set(self.rule.plan(self._model_critical, levels=levels))
 
     @classmethod
-    def parse(cls, options: Mapping, context: ScheduleContext) -> dict:
+    def parse(cls, options: Options, context: ScheduleContext) -> JointSettings:
         low, high = _parse_level_pair(cls.name, options, context, "low", "high")
         batch_low, batch_high = _parse_batch_pair(options, context, "batch_low", "batch_high")
-        return {"low": low, "high": high, "batch_low": batch_low, "batch_high": batch_high,
-                "lr_scaling": as_choice(options, "lr_scaling", LR_SCALINGS),
-                "decision": as_choice(options, "decision", BATCH_DECISIONS),
-                "detector": DetectorSettings.parse(options)}
+        return JointSettings(low=low, high=high, batch_low=batch_low, batch_high=batch_high,
+                             lr_scaling=options.choice("lr_scaling", LR_SCALINGS),
+                             decision=options.choice("decision", BATCH_DECISIONS),
+                             **_detector_options(options))
 
 
 class RegimeWindowsSchedule(Schedule):
@@ -316,13 +362,7 @@ class RegimeWindowsSchedule(Schedule):
     """
 
     name = "regime_windows"
-    OPTIONS = ("windows", "inside", "outside")
-
-    def __init__(self, num_layers: int, *, windows: Sequence[tuple[int, int]], inside, outside,
-                 **kwargs):
-        self.windows = [(int(a), int(b)) for a, b in windows]
-        self.inside, self.outside = inside, outside
-        super().__init__(num_layers, **kwargs)
+    Settings = RegimeWindowsSettings
 
     def in_window(self, epoch: int) -> bool:
         return any(start <= epoch < end for start, end in self.windows)
@@ -342,34 +382,37 @@ class RegimeWindowsSchedule(Schedule):
         return self._set(self._plan_for(epoch + 1))
 
     @classmethod
-    def parse(cls, options: Mapping, context: ScheduleContext) -> dict:
-        kind = require_compressor(cls.name, context.compressor)
-        return {"windows": _parse_windows(required(options, "windows"), context.total_epochs),
-                "inside": check_level(kind, required(options, "inside"), key_of("inside")),
-                "outside": check_level(kind, required(options, "outside"), key_of("outside"))}
+    def parse(cls, options: Options, context: ScheduleContext) -> RegimeWindowsSettings:
+        kind = require_levels(cls.name, context.compressor, context.level_kind)
+        return RegimeWindowsSettings(
+            windows=_parse_windows(options.get("windows"), context.total_epochs),
+            inside=check_level(kind, options.get("inside"), options.key("inside")),
+            outside=check_level(kind, options.get("outside"), options.key("outside")))
 
 
-def _parse_level_pair(name: str, options: Mapping, context: ScheduleContext,
+def _parse_level_pair(name: str, options: Options, context: ScheduleContext,
                       low_option: str, high_option: str):
-    kind = require_compressor(name, context.compressor)
-    low = check_level(kind, required(options, low_option), key_of(low_option))
-    high = check_level(kind, required(options, high_option), key_of(high_option))
-    check_compresses_more(high, low, high_key=key_of(high_option), low_key=key_of(low_option))
+    kind = require_levels(name, context.compressor, context.level_kind)
+    low = check_level(kind, options.get(low_option), options.key(low_option))
+    high = check_level(kind, options.get(high_option), options.key(high_option))
+    check_compresses_more(high, low, high_key=options.key(high_option),
+                          low_key=options.key(low_option))
     return low, high
 
 
-def _parse_batch_pair(options: Mapping, context: ScheduleContext,
+def _parse_batch_pair(options: Options, context: ScheduleContext,
                       low_option: str, high_option: str) -> tuple[int, int]:
-    low = check_global_batch(required(options, low_option), key_of(low_option),
+    low = check_global_batch(options.get(low_option), options.key(low_option),
                              context.world_size)
-    high = check_global_batch(required(options, high_option), key_of(high_option),
+    high = check_global_batch(options.get(high_option), options.key(high_option),
                               context.world_size)
-    check_batch_order(low, high, low_key=key_of(low_option), high_key=key_of(high_option))
+    check_batch_order(low, high, low_key=options.key(low_option),
+                      high_key=options.key(high_option))
     return low, high
 
 
 def _parse_windows(windows, total_epochs: int | None) -> list[tuple[int, int]]:
-    key = key_of("windows")
+    key = "schedule.windows"
     if isinstance(windows, (str, bytes)) or not isinstance(windows, Sequence):
         raise ConfigError(key, f"must be a list of [start, end] epoch pairs, got {windows!r}")
     parsed = []

@@ -7,11 +7,12 @@ of conf/compressor/<name>.yaml. comm/ knows no training loop and no schedule: it
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 
 import torch
 
 from .base import DenseReducer, Reducer
-from .config import level_kind, validate_compressor
+from .config import compressor_level, level_kind, level_option, validate_compressor
 from .powersgd import PowerSGDReducer
 from .stats import CommStats
 from .topk import TopKReducer
@@ -21,8 +22,8 @@ _REDUCERS = {"none": DenseReducer, "powersgd": PowerSGDReducer, "topk": TopKRedu
 
 def build_reducer(name: str, params: Sequence[torch.Tensor], *, group=None, **options) -> Reducer:
     """The reducer `name` over `params` (tensors or parameters; only their shapes are used)."""
-    validate_compressor(name, options)
-    return _REDUCERS[name](list(params), group=group, **options)
+    settings = validate_compressor(name, options)
+    return _REDUCERS[name](list(params), group=group, **asdict(settings))
 
 
 from .agreement import LevelMismatchError  # noqa: E402
@@ -31,5 +32,5 @@ from .ddp_hook import AccordionHookState, accordion_hook  # noqa: E402  (needs b
 __all__ = [
     "AccordionHookState", "accordion_hook", "LevelMismatchError",
     "CommStats", "Reducer", "DenseReducer", "PowerSGDReducer", "TopKReducer",
-    "build_reducer", "validate_compressor", "level_kind",
+    "build_reducer", "validate_compressor", "level_kind", "level_option", "compressor_level",
 ]

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from .base import Reducer
-from .config import check_rank
+from .config import check_level
 from .orthogonalize import orthonormalize_
 from .stats import CommStats
 
@@ -58,9 +58,10 @@ def _draw_seed(seed: int, layer: int, draw: int) -> int:
 class PowerSGDReducer(Reducer):
     name = "powersgd"
 
-    def __init__(self, params: Sequence[torch.Tensor], *, rank: int, error_feedback: bool = True,
-                 warm_start: bool = True, seed: int = 0, group=None):
-        super().__init__(params, group=group, default_level=check_rank(rank),
+    def __init__(self, params: Sequence[torch.Tensor], *, rank: int, error_feedback: bool,
+                 warm_start: bool, seed: int, group=None):
+        """Options as PowerSGDSettings (comm/config.py) holds them; build_reducer fills defaults."""
+        super().__init__(params, group=group, default_level=self._check_level(rank),
                          error_feedback=error_feedback)
         self.warm_start = warm_start
         self.seed = seed
@@ -71,7 +72,7 @@ class PowerSGDReducer(Reducer):
         self._layouts: dict[tuple, _PackedLayout] = {}
 
     def _check_level(self, level) -> int:
-        return check_rank(level)
+        return check_level(int, level, "compressor.rank")
 
     def _sends_dense(self, layer: int, level: int) -> bool:
         return level >= min(self.matrix_shapes[layer])

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from .base import Reducer
-from .config import check_ratio
+from .config import check_level
 from .stats import CommStats
 
 
@@ -79,10 +79,11 @@ def topk_indices(values: torch.Tensor, k: int, scratch: torch.Tensor | None = No
 class TopKReducer(Reducer):
     name = "topk"
 
-    def __init__(self, params: Sequence[torch.Tensor], *, ratio: float,
-                 error_feedback: bool = True, official_topk: bool = False, group=None):
+    def __init__(self, params: Sequence[torch.Tensor], *, ratio: float, error_feedback: bool,
+                 official_topk: bool, group=None):
+        """Options as TopKSettings (comm/config.py) holds them; build_reducer fills defaults."""
         # The released Accordion Top-K sums without dividing and never writes its memory.
-        super().__init__(params, group=group, default_level=check_ratio(ratio),
+        super().__init__(params, group=group, default_level=self._check_level(ratio),
                          error_feedback=error_feedback and not official_topk)
         if self.dtype != torch.float32:
             raise ValueError("the Top-K reducer packs float32 values with int32 indices; "
@@ -91,7 +92,7 @@ class TopKReducer(Reducer):
         self._scratch = torch.empty(0, dtype=self.dtype, device=self.device)
 
     def _check_level(self, level) -> float:
-        return check_ratio(level)
+        return check_level(float, level, "compressor.ratio")
 
     def kept(self, layer: int, ratio: float) -> int:
         """Entries each worker sends for `layer`. The released code takes int(ratio * numel), which

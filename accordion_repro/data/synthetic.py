@@ -22,25 +22,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError
+from ..options import Options
 from .bundle import DataBundle
 from .images import CIFAR10_MEAN, CIFAR10_STD, ArrayImageDataset, image_bundle, \
     transforms_from_config
 from .text import text_bundle
-
-
-def _positive_int(cfg, key: str, default: int, minimum: int = 1) -> int:
-    value = cfg.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ConfigError(f"dataset.{key}", f"must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _non_negative(cfg, key: str, default: float) -> float:
-    value = float(cfg.get(key, default))
-    if value < 0:
-        raise ConfigError(f"dataset.{key}", f"must be >= 0, got {value}")
-    return value
 
 
 def _data_seed(cfg, seed: int) -> int:
@@ -82,11 +68,12 @@ def synthetic_images(num_classes: int, train_size: int, test_size: int, *, seed:
 
 
 def build_images(cfg, seed: int) -> DataBundle:
-    num_classes = _positive_int(cfg, "num_classes", 10, minimum=2)
-    train_size = _positive_int(cfg, "train_size", 2048)
-    test_size = _positive_int(cfg, "test_size", 512)
-    noise = _non_negative(cfg, "noise", 2.0)
-    pixel_noise = _non_negative(cfg, "pixel_noise", 0.3)
+    options = Options("dataset", cfg)
+    num_classes = options.integer("num_classes", minimum=2, default=10)
+    train_size = options.integer("train_size", default=2048)
+    test_size = options.integer("test_size", default=512)
+    noise = options.number("noise", closed="low", default=2.0)
+    pixel_noise = options.number("pixel_noise", closed="low", default=0.3)
     (x_train, y_train), (x_test, y_test) = synthetic_images(
         num_classes, train_size, test_size, seed=_data_seed(cfg, seed), noise=noise,
         pixel_noise=pixel_noise)
@@ -116,10 +103,11 @@ def markov_tokens(vocab_size: int, count: int, *, seed: int, branching: int = 4)
 
 
 def build_text(cfg, seed: int) -> DataBundle:
-    vocab_size = _positive_int(cfg, "vocab_size", 1000, minimum=2)
-    train_tokens = _positive_int(cfg, "train_tokens", 100_000, minimum=2)
-    eval_tokens = _positive_int(cfg, "eval_tokens", 20_000, minimum=2)
-    branching = _positive_int(cfg, "branching", 4)
+    options = Options("dataset", cfg)
+    vocab_size = options.integer("vocab_size", minimum=2, default=1000)
+    train_tokens = options.integer("train_tokens", minimum=2, default=100_000)
+    eval_tokens = options.integer("eval_tokens", minimum=2, default=20_000)
+    branching = options.integer("branching", default=4)
     stream = markov_tokens(vocab_size, train_tokens + eval_tokens, seed=_data_seed(cfg, seed),
                            branching=branching)
     return text_bundle(cfg["name"], stream[:train_tokens], stream[train_tokens:],

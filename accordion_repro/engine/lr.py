@@ -26,6 +26,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
+from accordion_repro.engine.settings import OptimSettings
 from accordion_repro.errors import ConfigError
 
 
@@ -99,28 +100,29 @@ class EpochLR:
         return self.base_lr * self._warmup_factor(epoch) * self.decay_factor**passed
 
 
-def _official_inclusive(optim_cfg, schedule: list[tuple[int, int]]) -> tuple[bool, ...]:
+def _official_inclusive(optim: OptimSettings, schedule: list[tuple[int, int]]) -> tuple[bool, ...]:
     """optim.official_decay_compare as one flag per kept decay (absent: '>' for every decay)."""
-    compare = optim_cfg.get("official_decay_compare")
-    if compare is None:
+    if optim.official_decay_compare is None:
         return ()
-    compare = list(compare)
-    decay_at = list(optim_cfg["decay_at"] or [])
+    compare = list(optim.official_decay_compare)
+    decay_at = list(optim.decay_at or [])
     if len(compare) != len(decay_at) or any(op not in (">", ">=") for op in compare):
         raise ConfigError("optim.official_decay_compare",
                           f"needs one '>' or '>=' per entry of optim.decay_at {decay_at}, got {compare}")
     return tuple(compare[index] == ">=" for index, _ in schedule)
 
 
-def build_epoch_lr(optim_cfg, *, total_epochs: int, world_size: int, batch_size: int) -> EpochLR:
-    schedule = _decay_schedule(optim_cfg["decay_at"], total_epochs)
-    official = bool(optim_cfg["official_off_by_one"])
+def build_epoch_lr(optim, *, total_epochs: int, world_size: int, batch_size: int) -> EpochLR:
+    if not isinstance(optim, OptimSettings):  # the optim node itself
+        optim = OptimSettings.from_config(optim)
+    schedule = _decay_schedule(optim.decay_at, total_epochs)
+    official = bool(optim.official_off_by_one)
     return EpochLR(
-        base_lr=float(optim_cfg["lr"]) * batch_size / float(optim_cfg["reference_batch"]),
+        base_lr=optim.lr * batch_size / optim.reference_batch,
         peak_factor=float(world_size),
-        warmup_epochs=float(optim_cfg["warmup_epochs"]),
+        warmup_epochs=optim.warmup_epochs,
         decays=tuple(epoch for _, epoch in schedule),
-        decay_factor=float(optim_cfg["decay_factor"]),
+        decay_factor=optim.decay_factor,
         official_off_by_one=official,
-        official_inclusive=_official_inclusive(optim_cfg, schedule) if official else (),
+        official_inclusive=_official_inclusive(optim, schedule) if official else (),
     )

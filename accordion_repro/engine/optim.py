@@ -12,6 +12,8 @@ from typing import Iterable
 
 import torch
 
+from accordion_repro.engine.settings import OptimSettings
+
 
 class LSTMMomentum(torch.optim.Optimizer):
     """p -= lr * (g + m), m = momentum * m + g (weight decay added to g first, if any)."""
@@ -38,12 +40,11 @@ class LSTMMomentum(torch.optim.Optimizer):
         return None
 
 
-def build_optimizer(optim_cfg, params: list[torch.Tensor], lr: float) -> torch.optim.Optimizer:
-    if optim_cfg["name"] == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=optim_cfg["momentum"],
-                               nesterov=optim_cfg["nesterov"], weight_decay=optim_cfg["weight_decay"])
-    return LSTMMomentum(params, lr=lr, momentum=optim_cfg["momentum"],
-                        weight_decay=optim_cfg["weight_decay"])
+def build_optimizer(optim: OptimSettings, params: list[torch.Tensor], lr: float) -> torch.optim.Optimizer:
+    if optim.name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=optim.momentum, nesterov=optim.nesterov,
+                               weight_decay=optim.weight_decay)
+    return LSTMMomentum(params, lr=lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

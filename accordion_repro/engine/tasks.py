@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from accordion_repro.data import batchify, bptt_windows, image_loader
+from accordion_repro.engine.settings import TrainerSettings
 from accordion_repro.models import detach_hidden
 
 
@@ -125,13 +126,14 @@ class LanguageModelTask:
         return {"test_loss": loss, "val_ppl": math.exp(min(loss, 50.0)), "eval_examples": count}
 
 
-def build_task(bundle, cfg: dict, *, rank: int, world_size: int, device: torch.device, num_workers: int):
+def build_task(bundle, cfg: dict, trainer: TrainerSettings, *, rank: int, world_size: int,
+               device: torch.device, num_workers: int):
     if bundle.kind == "text":
         return LanguageModelTask(bundle, rank=rank, world_size=world_size, device=device,
                                  bptt=int(cfg["dataset"]["bptt"]),
                                  eval_batch_size=int(cfg["dataset"].get("eval_batch_size", 10)))
     return ImageClassificationTask(
         bundle, rank=rank, world_size=world_size, device=device, seed=int(cfg["seed"]),
-        num_workers=num_workers, reshuffle_each_epoch=bool(cfg["trainer"]["reshuffle_each_epoch"]),
-        eval_batch_size=int(cfg["trainer"]["eval_batch_size"]),
+        num_workers=num_workers, reshuffle_each_epoch=bool(trainer.reshuffle_each_epoch),
+        eval_batch_size=trainer.eval_batch_size,
     )

@@ -23,12 +23,15 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from accordion_repro.accordion import Plan, build_schedule
-from accordion_repro.comm import build_reducer
-from accordion_repro.config import compressor_level
+from accordion_repro.comm import build_reducer, compressor_level
+from accordion_repro.comm.collectives import broadcast_object as broadcast_from_rank0  # src 0
+from accordion_repro.comm.collectives import distributed as _distributed
+from accordion_repro.comm.stats import CommStats
 from accordion_repro.data import build_data
 from accordion_repro.engine import checkpoint, stop
 from accordion_repro.engine.lr import build_epoch_lr
 from accordion_repro.engine.optim import build_optimizer, set_lr
+from accordion_repro.engine.settings import OptimSettings, TrainerSettings
 from accordion_repro.engine.tasks import build_task
 from accordion_repro.errors import TrainingDiverged
 from accordion_repro.runlog import NullRunLogger, RunLogger
@@ -44,19 +47,6 @@ class _StopRequested(Exception):
     def __init__(self, signum: int, epoch: int, step: int):
         super().__init__(signum, epoch, step)
         self.signum, self.epoch, self.step = signum, epoch, step
-
-
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
-def broadcast_from_rank0(obj):
-    """Rank 0's object on every rank (the one decision all ranks apply)."""
-    if not _distributed():
-        return obj
-    payload = [obj]
-    dist.broadcast_object_list(payload, src=0)
-    return payload[0]
 
 
 def _seed_everything(seed: int) -> None:
@@ -75,17 +65,17 @@ class Trainer:
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.rank = dist.get_rank() if _distributed() else 0
         self.world_size = dist.get_world_size() if _distributed() else 1
-        t = cfg["trainer"]
-        use_cuda = t["device"] == "cuda" or (t["device"] == "auto" and torch.cuda.is_available())
-        if use_cuda:
+        self.settings = t = TrainerSettings.from_config(cfg["trainer"])
+        self.optim = OptimSettings.from_config(cfg["optim"])
+        if t.use_cuda:
             local = int(os.environ.get("LOCAL_RANK", "0"))
             torch.cuda.set_device(local % torch.cuda.device_count())
             self.device = torch.device("cuda", torch.cuda.current_device())
-            torch.backends.cudnn.benchmark = not t["deterministic"]
-            torch.backends.cudnn.deterministic = bool(t["deterministic"])
+            torch.backends.cudnn.benchmark = not t.deterministic
+            torch.backends.cudnn.deterministic = bool(t.deterministic)
         else:
             self.device = torch.device("cpu")
-        num_workers = t["num_workers"] if t["num_workers"] != "auto" else (4 if use_cuda else 0)
+        num_workers = t.num_workers if t.num_workers != "auto" else (4 if t.use_cuda else 0)
 
         # Same seed on every rank, as the official code; weights are then broadcast from rank 0.
         _seed_everything(int(cfg["seed"]))
@@ -102,25 +92,22 @@ class Trainer:
         self.reducer = build_reducer(comp_name, self.params, **comp)
         self.compressible = [i for i, c in enumerate(self.reducer.compressible) if c]
 
-        self.base_batch = int(t["batch_size"])
+        self.base_batch = t.batch_size
         sched = dict(cfg["schedule"])
         sched_name = sched.pop("name")
         self.schedule = build_schedule(
             sched_name, num_layers=len(self.compressible), compressor=comp_name,
             default_level=compressor_level(comp_name, comp),
             base_global_batch=self.base_batch * self.world_size, world_size=self.world_size,
-            total_epochs=int(t["epochs"]), **sched)
+            total_epochs=t.epochs, **sched)
         self.detector = self.schedule.make_detector() if self.rank == 0 else None
         self.plan: Plan = self.schedule.initial_plan()
 
-        self.task = build_task(self.bundle, cfg, rank=self.rank, world_size=self.world_size,
+        self.task = build_task(self.bundle, cfg, t, rank=self.rank, world_size=self.world_size,
                                device=self.device, num_workers=num_workers)
-        self.epoch_lr = build_epoch_lr(cfg["optim"], total_epochs=int(t["epochs"]),
-                                       world_size=self.world_size, batch_size=self.base_batch)
-        self.optimizer = build_optimizer(cfg["optim"], self.params, lr=self.epoch_lr(0))
-        self.clip = cfg["optim"].get("clip_grad_norm")
-        self.clip_local = cfg["optim"]["clip_point"] == "local"
-        self.nan_policy = t["nan_policy"]
+        self.epoch_lr = build_epoch_lr(self.optim, total_epochs=t.epochs, world_size=self.world_size,
+                                       batch_size=self.base_batch)
+        self.optimizer = build_optimizer(self.optim, self.params, lr=self.epoch_lr(0))
         # Stop requests are agreed on the CPU (gloo), so NCCL runs pay no GPU sync for them.
         self._control_group = None
         if _distributed():
@@ -144,7 +131,7 @@ class Trainer:
                 dist.broadcast(tensor.data, src=0)
 
     def _resume(self) -> None:
-        if self.cfg["trainer"]["resume"] != "auto":
+        if self.settings.resume != "auto":
             return
         loaded = checkpoint.load(self.run_dir, self.rank, self.world_size)
         if loaded is None:
@@ -179,8 +166,8 @@ class Trainer:
 
     # ------------------------------------------------------------------------------- the loop
     def fit(self) -> None:
-        t = self.cfg["trainer"]
-        epochs = int(t["epochs"])
+        t = self.settings
+        epochs = t.epochs
         self.logger.update_summary(
             status="running", num_params=self.num_params, world_size=self.world_size,
             model=self.cfg["model"]["name"], dataset=self.cfg["dataset"]["name"],
@@ -199,7 +186,7 @@ class Trainer:
                     record["config_change"] = self.config_change
                 if self.rank == 0:  # rank 0's replica is the one reported, as in the official code
                     self.model.eval()
-                    record.update(self.task.evaluate(self.model, t["max_eval_steps"]))
+                    record.update(self.task.evaluate(self.model, t.max_eval_steps))
                 record.update(self._end_epoch(epoch))
                 if self.rank == 0:  # only rank 0 evaluated
                     self.logger.log_epoch(record)
@@ -209,10 +196,9 @@ class Trainer:
                         epochs_completed=epoch + 1, **{f"final_{metric}": record[metric]},
                         final_test_loss=record["test_loss"], total_floats_sent=self.totals["floats"],
                         total_bytes_sent=self.totals["bytes"], total_train_time_s=self.totals["train_time_s"])
-                if t["checkpoint"]:
+                if t.checkpoint:
                     self._save(epoch)
-                if t.get("stop_after_epoch") is not None and epoch >= int(t["stop_after_epoch"]) \
-                        and epoch + 1 < epochs:
+                if t.stop_after_epoch is not None and epoch >= t.stop_after_epoch and epoch + 1 < epochs:
                     self.logger.update_summary(status="stopped")
                     self.logger.close()
                     return
@@ -247,7 +233,7 @@ class Trainer:
         A NaN or inf step makes the epoch's loss sum non-finite, so a healthy epoch costs one
         flag exchange; only a diverged one is searched for its first bad step.
         """
-        if self.nan_policy != "stop":
+        if self.settings.nan_policy != "stop":
             return
         bad = torch.tensor([0.0 if math.isfinite(train_loss) else 1.0])
         if self._control_group is not None:  # every rank stops in the same epoch
@@ -273,7 +259,7 @@ class Trainer:
                 f"floats {r['floats_sent'] / 1e6:.2f}M  {r['epoch_time_s']:.1f}s  batch {r['global_batch']}{levels}")
 
     def _micro_batches(self, per_worker: int) -> tuple[int, int]:
-        cap = self.cfg["trainer"]["max_micro_batch"]
+        cap = self.settings.max_micro_batch
         if cap is None or per_worker <= cap or self.bundle.kind == "text":
             return per_worker, 1
         accum = math.ceil(per_worker / cap)
@@ -282,7 +268,7 @@ class Trainer:
         return per_worker // accum, accum
 
     def _train_epoch(self, epoch: int) -> dict:
-        t = self.cfg["trainer"]
+        t = self.settings
         global_batch = self.plan.global_batch or self.base_batch * self.world_size
         per_worker = global_batch // self.world_size
         micro, accum = self._micro_batches(per_worker)
@@ -292,12 +278,12 @@ class Trainer:
         self.task.start_epoch(self.model, micro)
 
         steps_total = self.task.steps_per_epoch(per_worker)
-        if t["max_steps_per_epoch"] is not None:
-            steps_total = min(steps_total, int(t["max_steps_per_epoch"]))
-        show = t["progress"] == "always" or (t["progress"] == "auto" and sys.stdout.isatty())
+        if t.max_steps_per_epoch is not None:
+            steps_total = min(steps_total, t.max_steps_per_epoch)
+        show = t.progress == "always" or (t.progress == "auto" and sys.stdout.isatty())
         bar = tqdm(total=steps_total, desc=f"epoch {epoch}", disable=not (show and self.rank == 0),
                    leave=False, dynamic_ncols=True)
-        floats = bytes_ = collectives = gather_bytes = gathers = 0
+        comm = CommStats()  # this epoch's traffic, summed over its steps
         # Losses stay on the device: one host sync per epoch, not per step.
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         steps = 0
@@ -312,43 +298,14 @@ class Trainer:
             if signum:
                 bar.close()
                 raise _StopRequested(signum, epoch, steps)
-            t0 = time.perf_counter()
-            for p in self.params:
-                p.grad = None
-            step_loss, got = torch.zeros((), dtype=torch.float64, device=self.device), 0
-            for batch in batches:
-                loss = self.task.loss(self.model, batch)
-                (loss / accum).backward()
-                step_loss += loss.detach() / accum
-                got += 1
-                if got == accum:
-                    break
-            if got == 0:
+            (step_loss, grads), local_s = self._timed(self._local_gradient, batches, accum)
+            if grads is None:
                 break
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-            if self.clip and self.clip_local:  # p.grad is still this worker's own gradient here
-                torch.nn.utils.clip_grad_norm_(self.params, float(self.clip))
-            if self.detector is not None:
-                self.detector.accumulate([grads[i] for i in self.compressible])
-            _sync(self.device)
-            t1 = time.perf_counter()
-            stats = self.reducer.reduce(grads, self.plan.levels)
-            _sync(self.device)
-            t2 = time.perf_counter()
-            for p, g in zip(self.params, grads):
-                p.grad = g
-            if self.clip and not self.clip_local:
-                torch.nn.utils.clip_grad_norm_(self.params, float(self.clip))
-            self.optimizer.step()
-            _sync(self.device)
-            t3 = time.perf_counter()
-            compute_s += (t1 - t0) + (t3 - t2)
-            comm_s += t2 - t1
-            floats += stats.floats_sent
-            bytes_ += stats.bytes_sent
-            collectives += stats.collectives
-            gather_bytes += stats.allgather_bytes
-            gathers += stats.allgathers
+            stats, reduce_s = self._timed(self.reducer.reduce, grads, self.plan.levels)
+            _, update_s = self._timed(self._update, grads)
+            compute_s += local_s + update_s
+            comm_s += reduce_s
+            comm += stats
             loss_sum += step_loss
             step_losses[steps] = step_loss
             steps += 1
@@ -359,17 +316,56 @@ class Trainer:
         epoch_time = time.perf_counter() - epoch_start
         train_loss = loss_sum.item() / max(steps, 1)
         self._check_finite(epoch, train_loss, step_losses[:steps])
-        self.totals["floats"] += floats
-        self.totals["bytes"] += bytes_
+        self.totals["floats"] += comm.floats_sent
+        self.totals["bytes"] += comm.bytes_sent
         self.totals["train_time_s"] += epoch_time
         return {
             "epoch": epoch, "lr": lr, "train_loss": train_loss, "steps": steps,
             "batch_size": global_batch, "global_batch": global_batch, "micro_batch": micro,
-            "accumulation": accum, "floats_sent": floats, "bytes_sent": bytes_,
-            "collectives": collectives, "allgather_bytes_sent": gather_bytes, "allgathers": gathers,
-            "epoch_time_s": epoch_time, "compute_time_s": compute_s,
+            "accumulation": accum, "floats_sent": comm.floats_sent, "bytes_sent": comm.bytes_sent,
+            "collectives": comm.collectives, "allgather_bytes_sent": comm.allgather_bytes,
+            "allgathers": comm.allgathers, "epoch_time_s": epoch_time, "compute_time_s": compute_s,
             "comm_time_s": comm_s,
         }
+
+    def _timed(self, work, *args):
+        """work(*args) and its seconds, the device synchronised before the clock stops."""
+        start = time.perf_counter()
+        out = work(*args)
+        _sync(self.device)
+        return out, time.perf_counter() - start
+
+    def _local_gradient(self, batches, accum: int):
+        """This worker's step loss and gradient (None when the data ran out) over `accum`
+        micro-batches, clipped under clip_point=local; the detector sees it uncompressed."""
+        for p in self.params:
+            p.grad = None
+        step_loss, got = torch.zeros((), dtype=torch.float64, device=self.device), 0
+        for batch in batches:
+            loss = self.task.loss(self.model, batch)
+            (loss / accum).backward()
+            step_loss += loss.detach() / accum
+            got += 1
+            if got == accum:
+                break
+        if got == 0:
+            return step_loss, None
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        clip = self.optim.clip_grad_norm
+        if clip and self.optim.clip_point == "local":  # p.grad is still this worker's own gradient
+            torch.nn.utils.clip_grad_norm_(self.params, clip)
+        if self.detector is not None:
+            self.detector.accumulate([grads[i] for i in self.compressible])
+        return step_loss, grads
+
+    def _update(self, grads: list[torch.Tensor]) -> None:
+        """The optimizer step on the reduced gradient (clipped here under clip_point=averaged)."""
+        for p, g in zip(self.params, grads):
+            p.grad = g
+        clip = self.optim.clip_grad_norm
+        if clip and self.optim.clip_point != "local":
+            torch.nn.utils.clip_grad_norm_(self.params, clip)
+        self.optimizer.step()
 
     def _end_epoch(self, epoch: int) -> dict:
         """Rank 0 decides the next epoch's plan; every rank applies it.

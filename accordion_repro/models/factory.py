@@ -6,13 +6,13 @@ the command line; defaults for the options live in conf/model/<name>.yaml.
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from typing import Callable
 
 from torch import nn
 
 from ..errors import ConfigError
+from ..options import Options
 from .cifar.densenet import DenseNet
 from .cifar.googlenet import GoogLeNet
 from .cifar.resnet import ResNet18
@@ -21,57 +21,36 @@ from .cifar.vgg import VGG19BN
 from .lstm import LSTMLanguageModel
 
 
-def _positive_number(key, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
-        raise ConfigError(key, f"must be a positive number, got {value!r}")
-    return float(value)
-
-
-def _positive_int(key, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ConfigError(key, f"must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def _boolean(key, value):
-    if not isinstance(value, bool):
-        raise ConfigError(key, f"must be true or false, got {value!r}")
-    return value
-
-
-def _probability(key, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
-        raise ConfigError(key, f"must be a dropout probability in [0, 1), got {value!r}")
-    return float(value)
-
-
-def _se_width(key, value):
-    value = _positive_int(key, value)
+def _se_width(options: Options, option: str) -> int:
+    value = options.integer(option)
     if value < SE_REDUCTION:
-        raise ConfigError(key, f"must be at least {SE_REDUCTION} (the SE reduction), got {value}")
+        raise options.error(option, f"must be at least {SE_REDUCTION} (the SE reduction), got {value}")
     return value
+
+
+_width = Options.number
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     constructor: Callable[..., nn.Module]
     input: str                                   # "num_classes" (image) or "vocab_size" (text)
-    options: dict[str, Callable]                 # option name -> validator(key, value) -> value
+    options: dict[str, Callable]                 # option name -> reader(Options, option) -> value
 
 
 MODEL_SPECS: dict[str, ModelSpec] = {
-    "resnet18": ModelSpec(ResNet18, "num_classes", {"width": _positive_number}),
-    "vgg19bn": ModelSpec(VGG19BN, "num_classes", {"width": _positive_number}),
+    "resnet18": ModelSpec(ResNet18, "num_classes", {"width": _width}),
+    "vgg19bn": ModelSpec(VGG19BN, "num_classes", {"width": _width}),
     "senet18": ModelSpec(SENet18, "num_classes", {"stage4_channels": _se_width,
-                                                  "width": _positive_number}),
-    "densenet": ModelSpec(DenseNet, "num_classes", {"width": _positive_number}),
-    "googlenet": ModelSpec(GoogLeNet, "num_classes", {"width": _positive_number}),
+                                                  "width": _width}),
+    "densenet": ModelSpec(DenseNet, "num_classes", {"width": _width}),
+    "googlenet": ModelSpec(GoogLeNet, "num_classes", {"width": _width}),
     "lstm": ModelSpec(LSTMLanguageModel, "vocab_size", {
-        "num_layers": _positive_int,
-        "hidden_size": _positive_int,
-        "embedding_size": _positive_int,
-        "tied": _boolean,
-        "dropout": _probability,
+        "num_layers": Options.integer,
+        "hidden_size": Options.integer,
+        "embedding_size": Options.integer,
+        "tied": Options.flag,
+        "dropout": lambda options, option: options.number(option, closed="low", high=1.0),
     }),
 }
 
@@ -86,21 +65,16 @@ def build_model(name: str, *, num_classes: int | None = None, vocab_size: int | 
     if spec is None:
         raise ConfigError("model.name",
                           f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
-    checked = {}
-    for option, value in options.items():
-        validate = spec.options.get(option)
-        if validate is None:
-            allowed = ", ".join(spec.options) or "none"
-            raise ConfigError(f"model.{option}",
-                              f"unknown option for model {name!r} (its options: {allowed})")
-        checked[option] = validate(f"model.{option}", value)
+    reader = Options("model", options)
+    reader.reject_unknown(spec.options, f"model {name!r}")
+    checked = {option: spec.options[option](reader, option) for option in options}
     size = num_classes if spec.input == "num_classes" else vocab_size
     if size is None:
         kind = "an image dataset (num_classes)" if spec.input == "num_classes" else \
             "a text dataset (vocab_size)"
         raise ConfigError("model.name", f"model {name!r} needs {kind}, none was given; "
                                         "pair it with a matching dataset")
-    size = _positive_int("dataset." + spec.input, size)
+    size = Options("dataset", {spec.input: size}).integer(spec.input)
     return spec.constructor(size, **checked)
 
 

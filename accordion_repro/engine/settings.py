@@ -1,0 +1,75 @@
+"""The trainer's and the optimiser's options, read once through `Options` (no torch at import).
+
+Each field names the Options reader that checks it. The trainer is only ever driven through a
+composed config, so conf/ holds every default and these dataclasses none. A field read with
+`Options.get` passes unchecked (engine.lr checks `optim.decay_at`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import ClassVar
+
+from accordion_repro.options import Options
+
+
+def option(read, *args, **kwargs):
+    """A required field, read by `read(options, name, *args, **kwargs)` (an Options method)."""
+    return field(metadata={"read": lambda o, name: read(o, name, *args, **kwargs)})
+
+
+class Settings:
+    """A frozen dataclass of `option` fields, the options of config node `SECTION`."""
+
+    SECTION: ClassVar[str]
+
+    @classmethod
+    def from_config(cls, node: Mapping):
+        o = Options(cls.SECTION, node)
+        return cls(**{f.name: f.metadata["read"](o, f.name) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class TrainerSettings(Settings):
+    SECTION = "trainer"
+    epochs: int = option(Options.integer)
+    batch_size: int = option(Options.integer)  # per worker
+    eval_batch_size: int = option(Options.integer)
+    max_steps_per_epoch: int | None = option(Options.integer, optional=True)  # None: no limit
+    max_eval_steps: int | None = option(Options.integer, optional=True)
+    max_micro_batch: int | None = option(Options.integer, optional=True)
+    stop_after_epoch: int | None = option(Options.integer, minimum=0, optional=True)
+    resume: str = option(Options.choice, ("auto", "never"))
+    device: str = option(Options.choice, ("auto", "cpu", "cuda"))
+    progress: str = option(Options.choice, ("auto", "always", "never"))
+    nan_policy: str = option(Options.choice, ("stop", "continue"))
+    allow_config_change: bool = option(Options.flag)
+    num_workers: int | str = option(lambda o, k: "auto" if o.get(k) == "auto" else o.integer(k, minimum=0))
+    checkpoint: bool = option(Options.get)
+    reshuffle_each_epoch: bool = option(Options.get)
+    deterministic: bool = option(Options.get)
+
+    @property
+    def use_cuda(self) -> bool:
+        import torch
+
+        return self.device == "cuda" or (self.device == "auto" and torch.cuda.is_available())
+
+
+@dataclass(frozen=True)
+class OptimSettings(Settings):
+    SECTION = "optim"
+    name: str = option(Options.choice, ("sgd", "lstm_momentum"))
+    lr: float = option(Options.number)  # of one worker at reference_batch samples per step
+    momentum: float = option(Options.number, high=1, closed="low")
+    weight_decay: float = option(Options.number, closed="low")
+    warmup_epochs: float = option(Options.number, closed="low")
+    decay_factor: float = option(Options.number, high=1, closed="high")
+    reference_batch: float = option(Options.number, low=1, closed="low")
+    clip_grad_norm: float | None = option(Options.number, optional=True)
+    clip_point: str = option(Options.choice, ("local", "averaged"))
+    nesterov: bool = option(Options.get)
+    decay_at: list | None = option(Options.get)  # epochs, or fractions of the run
+    official_off_by_one: bool = option(Options.get)
+    official_decay_compare: list | None = option(Options.get, None)  # absent: '>' at every decay

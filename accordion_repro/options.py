@@ -1,0 +1,126 @@
+"""Reading one config node into typed values, with errors that name `<section>.<option>`.
+
+Every package reads its node through `Options` into a frozen settings object of its own, so a
+typo or an out-of-range value is refused with the same wording wherever it is, before any rank
+starts: `compressor.rank: the PowerSGD rank must be an integer >= 1, got 0`.
+
+An option absent from the node takes its settings object's default when it has one (the
+dataclass is the one place a default lives; conf/ gets it through `register_defaults`), and is
+otherwise required.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from numbers import Integral, Real
+
+from .errors import ConfigError
+
+_NO_DEFAULT = object()
+
+
+def is_int(value) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def is_real(value) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def defaults_of(settings: type) -> dict:
+    """The options a settings dataclass gives a default, with that default."""
+    return {f.name: f.default for f in dataclasses.fields(settings)
+            if f.default is not dataclasses.MISSING}
+
+
+class Options:
+    """The values of config node `section`, read one option at a time."""
+
+    def __init__(self, section: str, values: Mapping, settings: type | None = None):
+        self.section, self.values = section, dict(values)
+        self.defaults = defaults_of(settings) if settings is not None else {}
+
+    def key(self, option: str) -> str:
+        return f"{self.section}.{option}"
+
+    def error(self, option: str, message: str) -> ConfigError:
+        return ConfigError(self.key(option), message)
+
+    def reject_unknown(self, allowed, owner: str) -> None:
+        """Refuse options `owner` (e.g. "schedule 'accordion'") does not take."""
+        unknown = sorted(set(self.values) - set(allowed))
+        if unknown:
+            known = ", ".join(sorted(allowed)) or "none"
+            raise self.error(unknown[0], f"{owner} has no option {unknown[0]!r} (it takes: {known})")
+
+    def get(self, option: str, default=_NO_DEFAULT):
+        """The raw value: given, else the settings default, else `default`, else required."""
+        value = self.values.get(option)
+        if value is None and option not in self.values:
+            value = self.defaults.get(option, default)
+        if value is _NO_DEFAULT:
+            raise self.error(option, "is required")
+        return value
+
+    def flag(self, option: str) -> bool:
+        value = self.get(option)
+        if not isinstance(value, bool):
+            raise self.error(option, f"must be true or false, got {value!r}")
+        return value
+
+    def integer(self, option: str, *, minimum: int = 1, optional: bool = False,
+                what: str = "", default=_NO_DEFAULT) -> int | None:
+        """An integer >= minimum; None passes when `optional` (an unset limit)."""
+        value = self.get(option, None if optional else default)
+        if value is None and optional:
+            return None
+        if not is_int(value) or value < minimum:
+            raise self.error(option, f"{what + ' ' if what else ''}must be an integer >= "
+                                     f"{minimum}, got {value!r}")
+        return int(value)
+
+    def number(self, option: str, *, low: float = 0.0, high: float | None = None,
+               closed: str = "", optional: bool = False, what: str = "",
+               default=_NO_DEFAULT) -> float | None:
+        """A number in (low, high): `closed` holds "low" and/or "high" for a closed end."""
+        value = self.get(option, None if optional else default)
+        if value is None and optional:
+            return None
+        ok = is_real(value)
+        if ok:
+            ok = (value >= low if "low" in closed else value > low) and \
+                (high is None or (value <= high if "high" in closed else value < high))
+        if not ok:
+            left = "[" if "low" in closed else "("
+            right = "]" if "high" in closed else ")"
+            wanted = (f"{'>=' if 'low' in closed else '>'} {low:g}" if high is None
+                      else f"in {left}{low:g}, {high:g}{right}")
+            raise self.error(option, f"{what + ' ' if what else ''}must be a number {wanted}, "
+                                     f"got {value!r}")
+        return float(value)
+
+    def choice(self, option: str, choices) -> str:
+        value = self.get(option)
+        if value not in choices:
+            raise self.error(option, f"must be one of {', '.join(map(str, choices))}; got {value!r}")
+        return value
+
+
+def as_epoch(value, key: str, total_epochs: int | None) -> int:
+    """An epoch given as an int, or as a float fraction in [0, 1] of the run's total epochs.
+
+    Fractions let `scale=cpu` shrink a paper-scale epoch (150 of 300 -> 0.5) without a
+    second preset; they are rounded to the nearest epoch.
+    """
+    if is_int(value):
+        if value < 0:
+            raise ConfigError(key, f"an epoch must be >= 0, got {value!r}")
+        return int(value)
+    if is_real(value) and 0.0 <= float(value) <= 1.0:
+        if total_epochs is None:
+            raise ConfigError(key, f"{value!r} is a fraction of the total epochs, but the total "
+                                   "epochs were not given (build_schedule(total_epochs=...))")
+        return int(float(value) * total_epochs + 0.5)
+    raise ConfigError(key, f"must be an epoch (integer >= 0) or a fraction in [0, 1] of the "
+                           f"total epochs, got {value!r}")
