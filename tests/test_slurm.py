@@ -455,6 +455,8 @@ def test_a_cluster_stops_every_process_it_started_and_changes_nothing_outside_it
         cluster.wait_for_state(job, {"RUNNING"}, timeout=60)
         daemons = {name: proc.pid for name, proc in cluster.procs.items()}
         assert sorted(daemons) == ["munged", "slurmctld", "slurmd"]
+        # RUNNING is set before slurmstepd has started the job's shell: give it a moment
+        wait_until(lambda: cluster.job_processes(job), timeout=30, what="the sleep job's process")
         assert cluster.job_processes(job), "the sleep job has no process"
         assert len(cluster.leftovers()) >= 4  # 3 daemons, a slurmstepd, the job's shell
     finally:
