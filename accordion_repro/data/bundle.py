@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.data import Subset
 
 from ..errors import ConfigError
 
@@ -54,19 +55,27 @@ def subset_size(subset, total: int) -> int:
     return max(1, int(round(float(subset) * total)))
 
 
-def seeded_subset_indices(total: int, keep: int, seed: int) -> torch.Tensor:
-    """A random but seed-determined choice of `keep` indices, identical on every rank.
+def make_bundle(cfg, name: str, train, test, *, seed: int = 0, num_classes: int | None = None,
+                vocab_size: int | None = None, notes: str = "") -> DataBundle:
+    """Apply the `dataset.subset` of `cfg` and write the one-line description.
 
-    Sorted so that the subset preserves the original order, which keeps the sampler's
-    shuffled order a function of the seed alone.
+    Images (`num_classes` given) keep a random but seed-determined choice of examples,
+    identical on every rank and sorted so that the subset preserves the original order, which
+    keeps the sampler's shuffled order a function of the seed alone. Text (`vocab_size`
+    given) keeps a prefix of the training stream.
     """
-    if keep >= total:
-        return torch.arange(total)
-    generator = torch.Generator().manual_seed(int(seed))
-    return torch.randperm(total, generator=generator)[:keep].sort().values
-
-
-def describe_subset(subset, kept: int, total: int) -> str:
-    if subset is None or kept == total:
-        return "full"
-    return f"subset {subset} -> {kept} of {total}"
+    subset, total = cfg.get("subset", None), len(train)
+    kept = subset_size(subset, total)
+    if vocab_size is None:
+        if kept < total:
+            order = torch.randperm(total, generator=torch.Generator().manual_seed(int(seed)))
+            train = Subset(train, order[:kept].sort().values.tolist())
+        augment = "augment on" if cfg.get("augment", True) else "augment off"
+        notes = f"{notes}, {augment}" if notes else augment
+        kind, sizes = "image", f"test images, {num_classes} classes"
+    else:
+        kind, sizes, train = "text", f"eval tokens, vocabulary {vocab_size}", train[:kept]
+    portion = "full" if subset is None or kept == total else f"subset {subset} -> {kept} of {total}"
+    detail = f", {notes}" if notes else ""
+    return DataBundle(kind, train, test, num_classes, vocab_size,
+                      f"{name}: {len(train)} train / {len(test)} {sizes} ({portion}{detail})")

@@ -12,9 +12,8 @@ import os
 from torchvision.datasets import CIFAR10, CIFAR100
 
 from ..errors import DatasetMissingError
-from .bundle import DataBundle
-from .images import (CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD, image_bundle,
-                     transforms_from_config)
+from .bundle import DataBundle, make_bundle
+from .images import CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD, transforms_from_config
 
 _SOURCES = {
     "cifar10": dict(cls=CIFAR10, num_classes=10, mean=CIFAR10_MEAN, std=CIFAR10_STD,
@@ -27,10 +26,6 @@ _HOW_TO_GET = ("set dataset.download=true or place the python-version archive th
                "(https://www.cs.toronto.edu/~kriz/cifar.html)")
 
 
-def _expected_files(cls) -> list[str]:
-    return [name for name, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
-
-
 def _without_checksums(cls):
     """The same reader with every md5 dropped: torchvision then only checks that files exist."""
     return type(f"Unverified{cls.__name__}", (cls,), {
@@ -41,14 +36,14 @@ def _without_checksums(cls):
 
 
 def check(cfg) -> None:
-    source = _SOURCES[cfg["name"]]
     if cfg.get("download", False):
         return
-    folder = os.path.join(str(cfg.get("root", "data")), source["cls"].base_folder)
-    missing = [f for f in _expected_files(source["cls"])
-               if not os.path.isfile(os.path.join(folder, f))]
+    source = _SOURCES[cfg["name"]]
+    cls = source["cls"]
+    folder = os.path.join(str(cfg.get("root", "data")), cls.base_folder)
+    expected = [name for name, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
+    missing = [f for f in expected if not os.path.isfile(os.path.join(folder, f))]
     if missing:
-        expected = _expected_files(source["cls"])
         partial = f" (missing {', '.join(missing)})" if len(missing) < len(expected) else ""
         raise DatasetMissingError(
             f"{source['label']} not found: expected {', '.join(expected)} in "
@@ -56,24 +51,20 @@ def check(cfg) -> None:
 
 
 def build(cfg, seed: int) -> DataBundle:
-    name = cfg["name"]
-    source = _SOURCES[name]
     check(cfg)
-    reader = source["cls"] if cfg.get("verify_checksums", True) else \
-        _without_checksums(source["cls"])
-    root = str(cfg.get("root", "data"))
-    download = bool(cfg.get("download", False))
+    source = _SOURCES[cfg["name"]]
+    cls, root = source["cls"], str(cfg.get("root", "data"))
+    reader = cls if cfg.get("verify_checksums", True) else _without_checksums(cls)
     train_tf, test_tf = transforms_from_config(cfg, source["mean"], source["std"],
                                                source["rotation"])
     try:
-        train = reader(root, train=True, transform=train_tf, download=download)
+        train = reader(root, train=True, transform=train_tf,
+                       download=bool(cfg.get("download", False)))
         test = reader(root, train=False, transform=test_tf, download=False)
     except RuntimeError:  # torchvision's "not found or corrupted" after an md5 check
-        folder = os.path.abspath(os.path.join(root, source["cls"].base_folder))
         raise DatasetMissingError(
-            f"{source['label']} files in {folder} fail torchvision's md5 check; "
-            f"{_HOW_TO_GET}, or set dataset.verify_checksums=false for a non-official copy"
-        ) from None
-    augment = "augment on" if cfg.get("augment", True) else "augment off"
-    return image_bundle(name, train, test, num_classes=source["num_classes"],
-                        subset=cfg.get("subset", None), seed=seed, notes=augment)
+            f"{source['label']} files in {os.path.abspath(os.path.join(root, cls.base_folder))} "
+            f"fail torchvision's md5 check; {_HOW_TO_GET}, or set dataset.verify_checksums=false "
+            f"for a non-official copy") from None
+    return make_bundle(cfg, cfg["name"], train, test, seed=seed,
+                       num_classes=source["num_classes"])

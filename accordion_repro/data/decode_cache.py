@@ -37,15 +37,8 @@ def default_cache_dir() -> Path:
 
 
 def file_digest(path: str | os.PathLike) -> str:
-    sha = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            sha.update(block)
-    return sha.hexdigest()
-
-
-def entry_path(cache_dir: Path, source: Path, size: int, digest: str) -> Path:
-    return cache_dir / "decoded" / f"{source.stem}-{size}-{digest[:20]}.npz"
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _read_entry(path: Path, size: int, digest: str) -> dict[str, np.ndarray] | None:
@@ -74,7 +67,7 @@ def cached_decode(source: str | os.PathLike, decode: Callable[[], dict[str, np.n
     source = Path(source)
     size, digest = source.stat().st_size, file_digest(source)
     root = Path(cache_dir) if cache_dir else default_cache_dir()
-    path = entry_path(root, source, size, digest)
+    path = root / "decoded" / f"{source.stem}-{size}-{digest[:20]}.npz"
     found = _read_entry(path, size, digest)
     if found is not None:
         return found

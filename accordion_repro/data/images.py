@@ -10,13 +10,12 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-import torch
 from PIL import Image
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Dataset
 from torchvision import transforms
 
 from ..errors import ConfigError
-from .bundle import DataBundle, describe_subset, seeded_subset_indices, subset_size
+from ..options import Options
 
 # Official normalisation (facts section 5). CIFAR-10's is given in 0..255 units in the code.
 CIFAR10_MEAN = tuple(v / 255.0 for v in (125.3, 123.0, 113.9))
@@ -38,36 +37,24 @@ def channel_stats(cfg, key: str, default: Sequence[float]) -> tuple[float, float
     return values
 
 
-def image_transforms(mean, std, *, augment: bool, rotation_degrees: float = 0.0):
-    """(train, test) transforms: RandomCrop(32, 4) + flip (+ rotation) only when augmenting."""
-    finish = [transforms.ToTensor(), transforms.Normalize(mean, std)]
-    augmentation = []
-    if augment:
-        augmentation = [transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip()]
-        if rotation_degrees:
-            augmentation.append(transforms.RandomRotation(rotation_degrees))
-    return transforms.Compose(augmentation + finish), transforms.Compose(finish)
-
-
 def transforms_from_config(cfg, default_mean, default_std, default_rotation: float = 0.0):
-    rotation = float(cfg.get("rotation_degrees", default_rotation) or 0.0)
-    if rotation < 0:
-        raise ConfigError("dataset.rotation_degrees", f"must be >= 0, got {rotation}")
-    return image_transforms(channel_stats(cfg, "mean", default_mean),
-                            channel_stats(cfg, "std", default_std),
-                            augment=bool(cfg.get("augment", True)),
-                            rotation_degrees=rotation)
+    """(train, test) transforms: RandomCrop(32, 4) + flip (+ rotation) only when augmenting."""
+    rotation = Options("dataset", cfg).number("rotation_degrees", closed="low",
+                                              default=default_rotation)
+    finish = [transforms.ToTensor(), transforms.Normalize(channel_stats(cfg, "mean", default_mean),
+                                                          channel_stats(cfg, "std", default_std))]
+    augmentation = []
+    if cfg.get("augment", True):
+        augmentation = [transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip()]
+        if rotation:
+            augmentation.append(transforms.RandomRotation(rotation))
+    return transforms.Compose(augmentation + finish), transforms.Compose(finish)
 
 
 class ArrayImageDataset(Dataset):
     """Images held as one uint8 (N, 32, 32, 3) array, served like torchvision's CIFAR."""
 
     def __init__(self, images: np.ndarray, labels, transform=None):
-        if images.ndim != 4 or images.shape[3] != 3 or images.dtype != np.uint8:
-            raise ValueError(f"expected uint8 images of shape (N, H, W, 3), got "
-                             f"{images.dtype} {images.shape}")
-        if len(images) != len(labels):
-            raise ValueError(f"{len(images)} images but {len(labels)} labels")
         self.data = images
         self.targets = [int(y) for y in labels]
         self.transform = transform
@@ -80,25 +67,3 @@ class ArrayImageDataset(Dataset):
         if self.transform is not None:
             image = self.transform(image)
         return image, self.targets[index]
-
-
-def image_bundle(name: str, train: Dataset, test: Dataset, *, num_classes: int, subset,
-                 seed: int, notes: str = "") -> DataBundle:
-    """Apply the seeded training subset and write the one-line description."""
-    total = len(train)
-    kept = subset_size(subset, total)
-    if kept < total:
-        train = Subset(train, seeded_subset_indices(total, kept, seed).tolist())
-    detail = f", {notes}" if notes else ""
-    description = (f"{name}: {len(train)} train / {len(test)} test images, {num_classes} "
-                   f"classes ({describe_subset(subset, kept, total)}{detail})")
-    return DataBundle(kind="image", train=train, test=test, num_classes=num_classes,
-                      vocab_size=None, description=description)
-
-
-def check_labels(labels: torch.Tensor | np.ndarray, num_classes: int, source: str) -> None:
-    labels = np.asarray(labels)
-    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-        raise ConfigError("dataset.num_classes",
-                          f"{source} has labels in [{labels.min()}, {labels.max()}] but "
-                          f"num_classes is {num_classes}")

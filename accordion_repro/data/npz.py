@@ -22,10 +22,10 @@ import numpy as np
 from PIL import Image
 
 from ..errors import ConfigError, DatasetMissingError
-from .bundle import DataBundle
+from ..options import Options
+from .bundle import DataBundle, make_bundle
 from .decode_cache import cached_decode
-from .images import (CIFAR10_MEAN, CIFAR10_STD, ArrayImageDataset, check_labels, image_bundle,
-                     transforms_from_config)
+from .images import CIFAR10_MEAN, CIFAR10_STD, ArrayImageDataset, transforms_from_config
 
 _DECODED: dict[tuple, dict[str, np.ndarray]] = {}
 
@@ -114,10 +114,8 @@ def load_file(path: str, cache_dir: str | None = None) -> dict[str, np.ndarray]:
     stat = os.stat(path)
     key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns, cache_dir)
     if key not in _DECODED:
-        if _has_jpegs(path):
-            _DECODED[key] = cached_decode(path, lambda: _decode_file(path), cache_dir)
-        else:
-            _DECODED[key] = _decode_file(path)
+        _DECODED[key] = (cached_decode(path, lambda: _decode_file(path), cache_dir)
+                         if _has_jpegs(path) else _decode_file(path))
     return _DECODED[key]
 
 
@@ -132,39 +130,34 @@ def prepare(cfg) -> None:
 def join_files(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Concatenate train parts; concatenate test parts, keeping each original test index once."""
     seen: set[int] = set()
-    keep_masks = []
+    keep = []
     for part in parts:
-        original = part["test_index"]
-        keep = np.array([i < 0 or i not in seen for i in original.tolist()], dtype=bool)
-        seen.update(i for i in original.tolist() if i >= 0)
-        keep_masks.append(keep)
-    return {
-        "x_train": np.concatenate([p["x_train"] for p in parts]),
-        "y_train": np.concatenate([p["y_train"] for p in parts]),
-        "x_test": np.concatenate([p["x_test"][k] for p, k in zip(parts, keep_masks)]),
-        "y_test": np.concatenate([p["y_test"][k] for p, k in zip(parts, keep_masks)]),
-    }
+        original = part["test_index"].tolist()
+        keep.append(np.array([i < 0 or i not in seen for i in original], dtype=bool))
+        seen.update(i for i in original if i >= 0)
+    joined = {key: np.concatenate([p[key] for p in parts]) for key in ("x_train", "y_train")}
+    return joined | {key: np.concatenate([p[key][k] for p, k in zip(parts, keep)])
+                     for key in ("x_test", "y_test")}
 
 
 def _load_checked(cfg) -> tuple[dict[str, np.ndarray], int]:
     check(cfg)
     paths = _paths(cfg)
-    num_classes = int(cfg.get("num_classes", 10))
-    if num_classes < 2:
-        raise ConfigError("dataset.num_classes", f"must be at least 2, got {num_classes}")
+    num_classes = Options("dataset", cfg).integer("num_classes", minimum=2, default=10)
     joined = join_files([load_file(p, cfg.get("cache_dir", None)) for p in paths])
     for split in ("train", "test"):
-        check_labels(joined[f"y_{split}"], num_classes, f"the {split} split of {paths}")
+        labels = joined[f"y_{split}"]
+        if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+            raise ConfigError("dataset.num_classes",
+                              f"the {split} split of {paths} has labels in [{labels.min()}, "
+                              f"{labels.max()}] but num_classes is {num_classes}")
     return joined, num_classes
 
 
 def build(cfg, seed: int) -> DataBundle:
     joined, num_classes = _load_checked(cfg)
-    paths = _paths(cfg)
     train_tf, test_tf = transforms_from_config(cfg, CIFAR10_MEAN, CIFAR10_STD)
     train = ArrayImageDataset(joined["x_train"], joined["y_train"], train_tf)
     test = ArrayImageDataset(joined["x_test"], joined["y_test"], test_tf)
-    files = ", ".join(os.path.basename(p) for p in paths)
-    augment = "augment on" if cfg.get("augment", True) else "augment off"
-    return image_bundle(f"npz[{files}]", train, test, num_classes=num_classes,
-                        subset=cfg.get("subset", None), seed=seed, notes=augment)
+    files = ", ".join(os.path.basename(p) for p in _paths(cfg))
+    return make_bundle(cfg, f"npz[{files}]", train, test, seed=seed, num_classes=num_classes)

@@ -23,10 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from ..options import Options
-from .bundle import DataBundle
-from .images import CIFAR10_MEAN, CIFAR10_STD, ArrayImageDataset, image_bundle, \
-    transforms_from_config
-from .text import text_bundle
+from .bundle import DataBundle, make_bundle
+from .images import CIFAR10_MEAN, CIFAR10_STD, ArrayImageDataset, transforms_from_config
 
 
 def _data_seed(cfg, seed: int) -> int:
@@ -78,11 +76,9 @@ def build_images(cfg, seed: int) -> DataBundle:
         num_classes, train_size, test_size, seed=_data_seed(cfg, seed), noise=noise,
         pixel_noise=pixel_noise)
     train_tf, test_tf = transforms_from_config(cfg, CIFAR10_MEAN, CIFAR10_STD)
-    augment = "augment on" if cfg.get("augment", True) else "augment off"
-    return image_bundle(cfg["name"], ArrayImageDataset(x_train, y_train, train_tf),
-                        ArrayImageDataset(x_test, y_test, test_tf), num_classes=num_classes,
-                        subset=cfg.get("subset", None), seed=seed,
-                        notes=f"SYNTHETIC stand-in, not real data, {augment}")
+    return make_bundle(cfg, cfg["name"], ArrayImageDataset(x_train, y_train, train_tf),
+                       ArrayImageDataset(x_test, y_test, test_tf), seed=seed,
+                       num_classes=num_classes, notes="SYNTHETIC stand-in, not real data")
 
 
 def markov_tokens(vocab_size: int, count: int, *, seed: int, branching: int = 4) -> torch.Tensor:
@@ -110,6 +106,6 @@ def build_text(cfg, seed: int) -> DataBundle:
     branching = options.integer("branching", default=4)
     stream = markov_tokens(vocab_size, train_tokens + eval_tokens, seed=_data_seed(cfg, seed),
                            branching=branching)
-    return text_bundle(cfg["name"], stream[:train_tokens], stream[train_tokens:],
-                       vocab_size=vocab_size, subset=cfg.get("subset", None),
+    return make_bundle(cfg, cfg["name"], stream[:train_tokens], stream[train_tokens:],
+                       vocab_size=vocab_size,
                        notes=f"SYNTHETIC Markov chain, branching {branching}, not real text")

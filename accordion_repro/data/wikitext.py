@@ -21,17 +21,12 @@ import os
 import torch
 
 from ..errors import ConfigError, DatasetMissingError
-from .bundle import DataBundle
-from .text import text_bundle
+from .bundle import DataBundle, make_bundle
 
 SPLITS = ("train", "valid", "test")
 NAMING_SCHEMES = ({s: f"{s}.txt" for s in SPLITS},
                   {s: f"wiki.{s}.tokens" for s in SPLITS})
 EOS = "<eos>"
-
-
-def _root(cfg) -> str:
-    return str(cfg.get("root", "data/wikitext-2"))
 
 
 def split_files(root: str) -> dict[str, str]:
@@ -48,14 +43,17 @@ def split_files(root: str) -> dict[str, str]:
         f"wikitext/wikitext-2-v1.zip) into it")
 
 
-def check(cfg) -> None:
+def check(cfg) -> dict[str, str]:
+    """The split files (see split_files), once the options and the files are found usable."""
     eval_split = cfg.get("eval_split", "valid")
     if eval_split not in ("valid", "test"):
         raise ConfigError("dataset.eval_split", f"must be 'valid' or 'test', got {eval_split!r}")
-    for split, path in split_files(_root(cfg)).items():
+    files = split_files(str(cfg.get("root", "data/wikitext-2")))
+    for split, path in files.items():
         if _is_empty(path):
             raise ConfigError("dataset.root", f"{path} is empty (no words): the {split} split of "
                                               f"WikiText-2 must hold text; copy the files again")
+    return files
 
 
 def _is_empty(path: str, probe: int = 1 << 16) -> bool:
@@ -65,36 +63,26 @@ def _is_empty(path: str, probe: int = 1 << 16) -> bool:
     return not head.strip() and os.path.getsize(path) <= probe
 
 
-def read_words(path: str, lowercase: bool = False) -> list[str]:
-    """Whitespace tokens of a file with `<eos>` closing every line."""
-    words: list[str] = []
-    with open(path, encoding="utf8") as handle:
-        for line in handle:
-            if lowercase:
-                line = line.lower()
-            words.extend(line.split())
-            words.append(EOS)
-    return words
-
-
 def tokenize(paths: list[str], lowercase: bool = False) -> tuple[list[torch.Tensor], dict]:
-    """Token ids of each file, with one vocabulary grown across the files in order."""
+    """Token ids of each file (whitespace tokens, `<eos>` closing every line), with one
+    vocabulary grown across the files in order."""
     vocabulary: dict[str, int] = {}
-    add = vocabulary.setdefault
     streams = []
     for path in paths:
-        ids = [add(word, len(vocabulary)) for word in read_words(path, lowercase)]
+        with open(path, encoding="utf8") as handle:
+            words = [word for line in handle
+                     for word in [*(line.lower() if lowercase else line).split(), EOS]]
+        ids = [vocabulary.setdefault(word, len(vocabulary)) for word in words]
         streams.append(torch.tensor(ids, dtype=torch.long))
     return streams, vocabulary
 
 
 def build(cfg, seed: int) -> DataBundle:
-    check(cfg)
-    files = split_files(_root(cfg))
+    files = check(cfg)
     eval_split = cfg.get("eval_split", "valid")
     lowercase = bool(cfg.get("lowercase", False))
     streams, vocabulary = tokenize([files[s] for s in SPLITS], lowercase)
     by_split = dict(zip(SPLITS, streams))
     notes = f"eval on {eval_split}" + (", lower-cased" if lowercase else "")
-    return text_bundle(cfg["name"], by_split["train"], by_split[eval_split],
-                       vocab_size=len(vocabulary), subset=cfg.get("subset", None), notes=notes)
+    return make_bundle(cfg, cfg["name"], by_split["train"], by_split[eval_split],
+                       vocab_size=len(vocabulary), notes=notes)

@@ -21,13 +21,6 @@ from .cifar.vgg import VGG19BN
 from .lstm import LSTMLanguageModel
 
 
-def _se_width(options: Options, option: str) -> int:
-    value = options.integer(option)
-    if value < SE_REDUCTION:
-        raise options.error(option, f"must be at least {SE_REDUCTION} (the SE reduction), got {value}")
-    return value
-
-
 _width = Options.number
 
 
@@ -41,8 +34,9 @@ class ModelSpec:
 MODEL_SPECS: dict[str, ModelSpec] = {
     "resnet18": ModelSpec(ResNet18, "num_classes", {"width": _width}),
     "vgg19bn": ModelSpec(VGG19BN, "num_classes", {"width": _width}),
-    "senet18": ModelSpec(SENet18, "num_classes", {"stage4_channels": _se_width,
-                                                  "width": _width}),
+    "senet18": ModelSpec(SENet18, "num_classes", {
+        "stage4_channels": lambda options, option: options.integer(option, minimum=SE_REDUCTION),
+        "width": _width}),
     "densenet": ModelSpec(DenseNet, "num_classes", {"width": _width}),
     "googlenet": ModelSpec(GoogLeNet, "num_classes", {"width": _width}),
     "lstm": ModelSpec(LSTMLanguageModel, "vocab_size", {

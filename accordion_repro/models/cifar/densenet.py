@@ -48,8 +48,7 @@ class DenseNet(nn.Module):
         super().__init__()
         growth_rate = scaled_channels(growth_rate, width)
         channels = 2 * growth_rate
-        layers: list[nn.Module] = [
-            nn.Conv2d(3, channels, 3, padding=1, bias=False)]
+        layers: list[nn.Module] = [nn.Conv2d(3, channels, 3, padding=1, bias=False)]
         for index, num_layers in enumerate(blocks):
             for _ in range(num_layers):
                 layers.append(Bottleneck(channels, growth_rate))

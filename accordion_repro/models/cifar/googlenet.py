@@ -7,6 +7,8 @@ the paper model).
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 
@@ -30,8 +32,7 @@ INCEPTION_LAYOUT = (
 STEM_CHANNELS = 192
 
 
-def biased_conv(in_channels: int, out_channels: int, kernel_size: int) -> nn.Sequential:
-    return conv_bn(in_channels, out_channels, kernel_size, bias=True)
+biased_conv = partial(conv_bn, bias=True)
 
 
 class Inception(nn.Module):

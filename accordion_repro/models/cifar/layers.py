@@ -38,26 +38,6 @@ def projection_shortcut(in_channels: int, out_channels: int, stride: int, *,
     return conv_bn(in_channels, out_channels, 1, stride=stride, bias=bias, relu=False)
 
 
-BlockFactory = Callable[[int, int, int], nn.Module]   # (in_channels, out_channels, stride)
-
-
-def residual_stages(block: BlockFactory, in_channels: int, stage_channels: list[int],
-                    blocks_per_stage: list[int]) -> tuple[nn.Sequential, int]:
-    """Stack residual stages; the first stage keeps resolution, later ones halve it.
-
-    Returns the stages and the channel count they end with (the classifier's input width).
-    """
-    stages = []
-    for index, (channels, num_blocks) in enumerate(zip(stage_channels, blocks_per_stage)):
-        first_stride = 1 if index == 0 else 2
-        blocks = []
-        for block_index in range(num_blocks):
-            blocks.append(block(in_channels, channels, first_stride if block_index == 0 else 1))
-            in_channels = channels
-        stages.append(nn.Sequential(*blocks))
-    return nn.Sequential(*stages), in_channels
-
-
 class GlobalPoolClassifier(nn.Module):
     """Global average pool, flatten, linear.
 
@@ -72,3 +52,29 @@ class GlobalPoolClassifier(nn.Module):
 
     def forward(self, x):
         return self.linear(self.pool(x).flatten(1))
+
+
+class ResidualNet(nn.Module):
+    """3x3 stem, residual stages, global pool + linear: the ResNet-18 and SE-ResNet-18 layout.
+
+    `block(in_channels, out_channels, stride)` builds one block; the first stage keeps the
+    resolution, the first block of every later stage halves it.
+    """
+
+    def __init__(self, block: Callable[[int, int, int], nn.Module], stage_channels: list[int],
+                 num_classes: int, *, bias: bool, blocks_per_stage=(2, 2, 2, 2)):
+        super().__init__()
+        self.stem = conv_bn(3, stage_channels[0], 3, bias=bias)
+        stages, in_channels = [], stage_channels[0]
+        for index, (channels, num_blocks) in enumerate(zip(stage_channels, blocks_per_stage)):
+            blocks = []
+            for block_index in range(num_blocks):
+                stride = 2 if index > 0 and block_index == 0 else 1
+                blocks.append(block(in_channels, channels, stride))
+                in_channels = channels
+            stages.append(nn.Sequential(*blocks))
+        self.stages = nn.Sequential(*stages)
+        self.classifier = GlobalPoolClassifier(in_channels, num_classes)
+
+    def forward(self, x):
+        return self.classifier(self.stages(self.stem(x)))

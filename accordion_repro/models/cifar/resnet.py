@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from .layers import (GlobalPoolClassifier, conv_bn, projection_shortcut, residual_stages,
-                     scaled_channels)
+from .layers import ResidualNet, conv_bn, projection_shortcut, scaled_channels
 
 BASE_STAGE_CHANNELS = (64, 128, 256, 512)
-BLOCKS_PER_STAGE = (2, 2, 2, 2)
 
 
 class BasicBlock(nn.Module):
@@ -31,17 +29,10 @@ class BasicBlock(nn.Module):
         return self.relu(self.residual(x) + self.shortcut(x))
 
 
-class ResNet18(nn.Module):
+class ResNet18(ResidualNet):
     """`width` multiplies every channel count so CPU runs can use a smaller network of the same
     shape; width=1.0 is the paper's model."""
 
     def __init__(self, num_classes: int, width: float = 1.0):
-        super().__init__()
-        stage_channels = [scaled_channels(c, width) for c in BASE_STAGE_CHANNELS]
-        self.stem = conv_bn(3, stage_channels[0], 3)
-        self.stages, out_channels = residual_stages(
-            BasicBlock, stage_channels[0], stage_channels, list(BLOCKS_PER_STAGE))
-        self.classifier = GlobalPoolClassifier(out_channels, num_classes)
-
-    def forward(self, x):
-        return self.classifier(self.stages(self.stem(x)))
+        super().__init__(BasicBlock, [scaled_channels(c, width) for c in BASE_STAGE_CHANNELS],
+                         num_classes, bias=False)

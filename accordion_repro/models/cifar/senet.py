@@ -14,11 +14,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from .layers import (GlobalPoolClassifier, conv_bn, projection_shortcut, residual_stages,
-                     scaled_channels)
+from .layers import ResidualNet, conv_bn, projection_shortcut, scaled_channels
 
 FIRST_STAGES_CHANNELS = (64, 128, 256)
-BLOCKS_PER_STAGE = (2, 2, 2, 2)
 SE_REDUCTION = 16
 MIN_SE_HIDDEN = 4
 
@@ -60,15 +58,8 @@ class SEBasicBlock(nn.Module):
         return self.relu(residual * self.excitation(residual) + self.shortcut(x))
 
 
-class SENet18(nn.Module):
+class SENet18(ResidualNet):
     def __init__(self, num_classes: int, stage4_channels: int = 512, width: float = 1.0):
-        super().__init__()
-        stage_channels = [scaled_channels(c, width)
-                          for c in (*FIRST_STAGES_CHANNELS, stage4_channels)]
-        self.stem = conv_bn(3, stage_channels[0], 3, bias=True)
-        self.stages, out_channels = residual_stages(
-            SEBasicBlock, stage_channels[0], stage_channels, list(BLOCKS_PER_STAGE))
-        self.classifier = GlobalPoolClassifier(out_channels, num_classes)
-
-    def forward(self, x):
-        return self.classifier(self.stages(self.stem(x)))
+        super().__init__(SEBasicBlock, [scaled_channels(c, width)
+                                        for c in (*FIRST_STAGES_CHANNELS, stage4_channels)],
+                         num_classes, bias=True)

@@ -39,28 +39,15 @@ def vgg_trunk(layout=VGG19_LAYOUT, width: float = 1.0) -> tuple[nn.Sequential, i
     return nn.Sequential(*layers), channels
 
 
-def narrow_head(in_features: int, num_classes: int, hidden: int = NARROW_HEAD_WIDTH) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Dropout(),
-        nn.Linear(in_features, hidden),
-        nn.ReLU(inplace=True),
-        nn.Dropout(),
-        nn.Linear(hidden, hidden),
-        nn.ReLU(inplace=True),
-        nn.Linear(hidden, num_classes),
-    )
-
-
-def wide_head(in_features: int, num_classes: int, hidden: int = WIDE_HEAD_WIDTH) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Linear(in_features, hidden),
-        nn.ReLU(inplace=True),
-        nn.Dropout(),
-        nn.Linear(hidden, hidden),
-        nn.ReLU(inplace=True),
-        nn.Dropout(),
-        nn.Linear(hidden, num_classes),
-    )
+def vgg_head(in_features: int, num_classes: int, hidden: int, *,
+             dropout_first: bool) -> nn.Sequential:
+    """Two hidden Linear-ReLU layers, each with a Dropout before (narrow head) or after it
+    (wide head), then the class layer."""
+    layers: list[nn.Module] = []
+    for width_in in (in_features, hidden):
+        linear_relu = [nn.Linear(width_in, hidden), nn.ReLU(inplace=True)]
+        layers += [nn.Dropout(), *linear_relu] if dropout_first else [*linear_relu, nn.Dropout()]
+    return nn.Sequential(*layers, nn.Linear(hidden, num_classes))
 
 
 def he_init_convs(module: nn.Module) -> None:
@@ -78,10 +65,10 @@ class VGG19BN(nn.Module):
     def __init__(self, num_classes: int, width: float = 1.0):
         super().__init__()
         self.features, channels = vgg_trunk(width=width)
-        if num_classes >= WIDE_HEAD_MIN_CLASSES:
-            self.classifier = wide_head(channels, num_classes, scaled_channels(WIDE_HEAD_WIDTH, width))
-        else:
-            self.classifier = narrow_head(channels, num_classes, scaled_channels(NARROW_HEAD_WIDTH, width))
+        wide = num_classes >= WIDE_HEAD_MIN_CLASSES
+        hidden = scaled_channels(WIDE_HEAD_WIDTH if wide else NARROW_HEAD_WIDTH, width)
+        self.classifier = vgg_head(channels, num_classes, hidden, dropout_first=not wide)
+        if not wide:
             he_init_convs(self.features)
 
     def forward(self, x):
