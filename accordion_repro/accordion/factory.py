@@ -17,8 +17,8 @@ SCHEDULES: dict[str, type[Schedule]] = {
 SCHEDULE_NAMES = tuple(SCHEDULES)
 
 
-def _parse(name, options: Mapping, compressor: str, base_global_batch, world_size,
-           total_epochs) -> tuple[type[Schedule], object]:
+def _parse(name, options: Mapping, compressor: str, world_size: int,
+           total_epochs: int | None) -> tuple[type[Schedule], object]:
     if name not in SCHEDULES:
         raise ConfigError("schedule.name",
                           f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
@@ -29,8 +29,7 @@ def _parse(name, options: Mapping, compressor: str, base_global_batch, world_siz
     reader = Options("schedule", options, cls.Settings)
     reader.reject_unknown(cls.options(), f"schedule {name!r}")
     # The compressor's kind of level comes from comm/, the one table of compressors.
-    context = ScheduleContext(compressor, level_kind(compressor), base_global_batch, world_size,
-                              total_epochs)
+    context = ScheduleContext(compressor, level_kind(compressor), world_size, total_epochs)
     return cls, cls.parse(reader, context)
 
 
@@ -43,7 +42,7 @@ def validate_schedule(name, options: Mapping, /, *, compressor: str, default_lev
     `options` is the schedule config node (its `name` key, if present, is ignored).
     `total_epochs` is needed only when an epoch is given as a fraction.
     """
-    return _parse(name, options, compressor, base_global_batch, world_size, total_epochs)[1]
+    return _parse(name, options, compressor, world_size, total_epochs)[1]
 
 
 def build_schedule(name: str, /, *, num_layers: int, compressor: str, default_level,
@@ -54,7 +53,6 @@ def build_schedule(name: str, /, *, num_layers: int, compressor: str, default_le
     `options` may be the whole schedule config node, `name` included (`**cfg.schedule`).
     `default_level` is the compressor's own level, reported for layers no plan sets.
     """
-    cls, settings = _parse(name, options, compressor, base_global_batch, world_size,
-                           total_epochs)
+    cls, settings = _parse(name, options, compressor, world_size, total_epochs)
     return cls(num_layers, settings, default_level=default_level,
                base_global_batch=base_global_batch)

@@ -34,7 +34,6 @@ class ScheduleContext:
 
     compressor: str
     level_kind: type | None
-    base_global_batch: int
     world_size: int
     total_epochs: int | None = None
 
