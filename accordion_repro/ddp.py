@@ -34,9 +34,7 @@ class Accordion:
     `high` the level outside them; `eta`, `interval`, `lr_decay_rule` and `statistic` are the
     detector's (docs/schedules.md; their defaults are DetectorSettings'). Other keywords go to
     the compressor (error_feedback, warm_start, seed for PowerSGD; official_topk for Top-K).
-    `async_op=False` reduces each bucket inside the hook instead of overlapping it with the
-    backward pass; `check_levels` spends one 16-byte all-reduce per step to stop ranks that
-    disagree on the levels.
+    `async_op` and `check_levels` go to AccordionHookState (comm/ddp_hook.py).
     """
 
     def __init__(self, ddp_model: DistributedDataParallel, compressor: str = "powersgd", *,
@@ -111,15 +109,11 @@ class Accordion:
         Holds the reducer (error memory, warm-start Q, levels, draw counters), rank 0's
         detector (epoch sums and history), the schedule and the plan in force.
         """
-        return {
-            "version": _STATE_VERSION,
-            "rank": self.rank,
-            "reducer": self.state.reducer.state_dict(),
-            "detector": None if self.detector is None else self.detector.state_dict(),
-            "schedule": self.schedule.state_dict(),
-            "plan": self.plan.to_dict(),
-            "report": self.report,
-        }
+        return {"version": _STATE_VERSION, "rank": self.rank,
+                "reducer": self.state.reducer.state_dict(),
+                "detector": None if self.detector is None else self.detector.state_dict(),
+                "schedule": self.schedule.state_dict(), "plan": self.plan.to_dict(),
+                "report": self.report}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from this rank's state_dict; the next step computes as if never stopped."""

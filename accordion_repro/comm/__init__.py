@@ -26,8 +26,8 @@ def build_reducer(name: str, params: Sequence[torch.Tensor], *, group=None, **op
     return _REDUCERS[name](list(params), group=group, **asdict(settings))
 
 
-from .agreement import LevelMismatchError  # noqa: E402
-from .ddp_hook import AccordionHookState, accordion_hook  # noqa: E402  (needs build_reducer)
+# Last: ddp_hook imports build_reducer from this module.
+from .ddp_hook import AccordionHookState, LevelMismatchError, accordion_hook  # noqa: E402
 
 __all__ = [
     "AccordionHookState", "accordion_hook", "LevelMismatchError",

@@ -15,25 +15,25 @@ buckets with the backward pass; both run the very same operations, so their outp
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass, field
 from math import prod
+from typing import NamedTuple
 
 import torch
 
 from .collectives import Communicator
+from .config import SETTINGS, check_level
 from .stats import CommStats
 
 
-@dataclass
-class Phase:
+class Phase(NamedTuple):
     """Collectives one phase of a reduction has just started (their work handles).
 
     The next phase may run once they are complete. `final`: no collective follows, what is left
     is local work (decompression, error memory), which a driver may run on any thread.
     """
 
-    works: list = field(default_factory=list)
-    final: bool = False
+    works: list
+    final: bool
 
 
 class Reducer:
@@ -50,9 +50,8 @@ class Reducer:
         self.device = params[0].device
         self.compressible = [len(shape) >= 2 for shape in self.shapes]
         self.tensor_of_layer = [i for i, c in enumerate(self.compressible) if c]
-        self.layer_of_tensor = [None] * len(params)
-        for layer, index in enumerate(self.tensor_of_layer):
-            self.layer_of_tensor[index] = layer
+        layer_of = {index: layer for layer, index in enumerate(self.tensor_of_layer)}
+        self.layer_of_tensor = [layer_of.get(index) for index in range(len(params))]
         self.num_compressible = len(self.tensor_of_layer)
         self.matrix_shapes = [(self.shapes[i][0], prod(self.shapes[i][1:]))
                               for i in self.tensor_of_layer]
@@ -61,21 +60,20 @@ class Reducer:
         self.levels = [default_level] * self.num_compressible
         self.error_feedback = error_feedback
         self.memory: list[torch.Tensor | None] = [None] * self.num_compressible
-        self._dense_buffer = torch.empty(0, dtype=self.dtype, device=self.device)
         # Reductions in flight at the same time (DDP buckets) each need their own flat buffer.
         self._slot_buffers: dict = {}
 
     # ---- levels ---------------------------------------------------------------------------
     def _check_level(self, level):
-        raise ValueError(f"compressor {self.name!r} takes no levels, got {level!r}")
+        option, kind = SETTINGS[self.name].LEVEL
+        if kind is None:
+            raise ValueError(f"compressor {self.name!r} takes no levels, got {level!r}")
+        return check_level(kind, level, f"compressor.{option}")
 
     def _sends_dense(self, layer: int, level) -> bool:
         return True
 
-    def _compressed_floats(self, layer: int, level) -> int:
-        raise NotImplementedError
-
-    def _on_level_change(self, layer: int, old, new) -> None:
+    def _on_level_change(self, layer: int) -> None:
         """Reallocate what belongs to `layer` only; its error memory is kept."""
 
     def _normalized_levels(self, levels) -> list:
@@ -90,10 +88,9 @@ class Reducer:
     def set_levels(self, levels: Sequence | None) -> None:
         """Apply per-layer levels from now on (None, or a None entry, = the default level)."""
         for layer, new in enumerate(self._normalized_levels(levels)):
-            old = self.levels[layer]
-            if new != old:
+            if new != self.levels[layer]:
                 self.levels[layer] = new
-                self._on_level_change(layer, old, new)
+                self._on_level_change(layer)
 
     def _tensor_floats(self, index: int, levels: Sequence) -> int:
         layer = self.layer_of_tensor[index]
@@ -134,7 +131,7 @@ class Reducer:
         """
         self.set_levels(levels)
         positions = list(positions)
-        work = [g if g.is_contiguous() else g.contiguous() for g in grads]
+        work = [g.contiguous() for g in grads]  # g itself when it is contiguous
         dense, compressed = [], []
         for pos, grad in zip(positions, work):
             if tuple(grad.shape) != self.shapes[pos]:
@@ -150,15 +147,13 @@ class Reducer:
                 compressed.append((layer, grad))
         stats.floats_sent += sum(self._tensor_floats(pos, self.levels) for pos in positions)
         flat, handle = self._start_dense(dense, stats, slot)
-        pending = [handle] if handle is not None else []
-        final_seen = False
-        if compressed:
-            for works, final in self._compressed_steps(compressed, stats):
-                works = [w for w in works if w is not None]
-                if final:
-                    works, final_seen = works + pending, True
-                yield Phase(works, final)
-        if not final_seen and pending:
+        pending = [handle] if handle is not None else []  # joins the final phase
+        for works, final in self._compressed_steps(compressed, stats) if compressed else ():
+            works = [w for w in works if w is not None]
+            if final:
+                works, pending = works + pending, []
+            yield Phase(works, final)
+        if pending:
             yield Phase(pending, True)
         self._finish_dense(dense, flat)
         for grad, work_grad in zip(grads, work):
@@ -170,22 +165,17 @@ class Reducer:
         after the last resume, the layers' gradients hold their decompressed average."""
         raise NotImplementedError
 
-    def _start_dense(self, dense: list[torch.Tensor], stats: CommStats, slot=None):
+    def _start_dense(self, dense: list[torch.Tensor], stats: CommStats, slot):
         total = sum(g.numel() for g in dense)
         if total == 0 or self.comm.world_size == 1:
             return None, None
-        if slot is None:
-            if self._dense_buffer.numel() < total:
-                self._dense_buffer = torch.empty(total, dtype=self.dtype, device=self.device)
-            buffer = self._dense_buffer
-        else:
-            buffer = self._slot_buffers.get(slot)
-            if buffer is None or buffer.numel() < total:
-                buffer = self._slot_buffers[slot] = torch.empty(total, dtype=self.dtype,
-                                                                device=self.device)
+        buffer = self._slot_buffers.get(slot)
+        if buffer is None or buffer.numel() < total:
+            buffer = self._slot_buffers[slot] = torch.empty(total, dtype=self.dtype,
+                                                            device=self.device)
         flat = buffer[:total]
         torch.cat([g.view(-1) for g in dense], out=flat)
-        return flat, self.comm.all_reduce_sum(flat, stats, async_op=True)
+        return flat, self.comm.all_reduce_sum(flat, stats)
 
     def _finish_dense(self, dense: list[torch.Tensor], flat) -> None:
         """Copy the averaged flat buffer back; its all-reduce was in the final phase, so the
@@ -194,10 +184,8 @@ class Reducer:
         if flat is None:
             return
         flat.div_(self.comm.world_size)
-        offset = 0
-        for grad in dense:
-            grad.view(-1).copy_(flat[offset:offset + grad.numel()])
-            offset += grad.numel()
+        for grad, part in zip(dense, flat.split([g.numel() for g in dense])):
+            grad.view(-1).copy_(part)
 
     def _memory(self, layer: int) -> torch.Tensor:
         """The error memory of `layer` as an (n, m) matrix, created at first use."""
@@ -208,12 +196,8 @@ class Reducer:
 
     # ---- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "shapes": list(self.shapes),
-            "levels": list(self.levels),
-            "memory": [None if m is None else m.detach().clone() for m in self.memory],
-        }
+        return {"name": self.name, "shapes": list(self.shapes), "levels": list(self.levels),
+                "memory": [None if m is None else m.detach().clone() for m in self.memory]}
 
     def load_state_dict(self, state: dict) -> None:
         if state["name"] != self.name or [tuple(s) for s in state["shapes"]] != self.shapes:
@@ -226,8 +210,6 @@ class Reducer:
 
 class DenseReducer(Reducer):
     """Plain averaging of every tensor in one flat all-reduce (`compressor=none`)."""
-
-    name = "none"
 
     def __init__(self, params: Sequence[torch.Tensor], *, group=None):
         super().__init__(params, group=group)

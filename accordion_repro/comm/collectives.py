@@ -34,20 +34,16 @@ class Communicator:
     def __init__(self, group=None):
         self.distributed = distributed()
         self.group = group
-        if self.distributed:
-            self.world_size = dist.get_world_size(group)
-            self.rank = dist.get_rank(group)
-        else:
-            self.world_size = 1
-            self.rank = 0
+        self.world_size = dist.get_world_size(group) if self.distributed else 1
+        self.rank = dist.get_rank(group) if self.distributed else 0
 
-    def all_reduce_sum(self, buffer: torch.Tensor, stats: CommStats, *, async_op: bool = False):
-        """Sum `buffer` over workers in place; returns a work handle when async (or None)."""
+    def all_reduce_sum(self, buffer: torch.Tensor, stats: CommStats):
+        """Start summing `buffer` over workers in place; the work handle (None if nothing sent)."""
         if not self.distributed or buffer.numel() == 0:
             return None
         stats.collectives += 1
         stats.bytes_sent += buffer.numel() * buffer.element_size()
-        return dist.all_reduce(buffer, group=self.group, async_op=async_op)
+        return dist.all_reduce(buffer, group=self.group, async_op=True)
 
     def all_gather(self, local: torch.Tensor, stats: CommStats) -> torch.Tensor:
         """Stack every worker's `local` (same size on all) into one (world_size, n) tensor."""

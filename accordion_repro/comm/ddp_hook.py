@@ -11,7 +11,7 @@ accordion_repro.ddp.Accordion wraps this, the detector and the schedule into one
 One reducer covers all parameters, so per-layer state (error memory, warm-start Q, level)
 does not depend on how DDP groups parameters into buckets, nor on DDP rebuilding its buckets
 after the first step. By default (`async_op=True`) the hook starts its collectives and returns
-a Future at once, so DDP overlaps them with the rest of the backward pass (comm/overlap.py);
+a Future at once, so DDP overlaps them with the rest of the backward pass (BucketPipeline);
 `async_op=False` reduces each bucket inside the hook. Both run the same operations.
 
 Half-precision gradients (bf16 or fp16 parameters, or torch's fp16_compress_wrapper around
@@ -22,15 +22,16 @@ kernels, and an error memory in bf16 would lose most of what it is meant to keep
 
 # No `from __future__ import annotations`: DDP checks the hook's return annotation object.
 import difflib
+import zlib
+from collections import Counter
+from collections.abc import Callable, Generator
+from functools import lru_cache
 
 import torch
 
 from . import build_reducer
-from .agreement import LevelAgreement
-from .overlap import BucketPipeline
+from .base import Phase, Reducer
 from .stats import CommStats
-
-_HALF = (torch.float16, torch.bfloat16)
 
 
 def compute_dtype(params) -> torch.dtype:
@@ -38,7 +39,7 @@ def compute_dtype(params) -> torch.dtype:
     dtypes = {p.dtype for p in params}
     if not all(d.is_floating_point for d in dtypes):
         raise ValueError(f"gradients must be floating point, got {sorted(map(str, dtypes))}")
-    if dtypes <= {torch.float32, *_HALF}:
+    if dtypes <= {torch.float32, torch.float16, torch.bfloat16}:
         return torch.float32
     if dtypes == {torch.float64}:
         return torch.float64
@@ -46,10 +47,111 @@ def compute_dtype(params) -> torch.dtype:
                      "dtype; cast the model to one precision (float64 or float32/bf16/fp16)")
 
 
-def _stand_ins(params, dtype: torch.dtype) -> list[torch.Tensor]:
-    """Tensors with the parameters' shapes and device in `dtype`, allocating nothing (the
-    reducer reads only shape, dtype and device from them)."""
-    return [torch.zeros((), dtype=dtype, device=p.device).expand(p.shape) for p in params]
+class LevelMismatchError(RuntimeError):
+    """Ranks hold different compression levels (each rank raises it, in one line)."""
+
+
+@lru_cache(maxsize=64)
+def _fingerprint(compressor: str, levels: tuple) -> int:
+    """The same number on every process for the same levels (Python's hash() is salted)."""
+    return zlib.crc32(repr((compressor, [None if lv is None else float(lv) for lv in levels]))
+                      .encode())
+
+
+def check_agreement(reducer: Reducer) -> None:
+    """Raise LevelMismatchError on every rank unless all ranks hold the reducer's levels.
+
+    Ranks whose levels differ would hand collectives of different sizes to the backend, which
+    fails deep inside gloo ("Received data size doesn't match expected size"), hangs, or, when
+    the sizes happen to agree, silently averages unrelated numbers. One tiny all-reduce (the
+    largest and smallest fingerprint of the levels) turns that into a one-line error.
+    """
+    levels = reducer.levels
+    largest, smallest = reducer.comm.max_and_min(_fingerprint(reducer.name, tuple(levels)),
+                                                 reducer.device)
+    if largest != smallest:
+        counts = ", ".join(f"{n} at {lv}" for lv, n in Counter(levels).most_common())
+        raise LevelMismatchError(
+            f"compression levels differ between ranks (rank {reducer.comm.rank} has "
+            f"{len(levels)} layers: {counts}); every rank must apply the same levels: "
+            "Accordion.end_epoch broadcasts rank 0's decision, set_levels must be called alike "
+            "on every rank")
+
+
+class _Job:
+    """One bucket's reduction: starts its first phase at once; `result` completes with it."""
+
+    def __init__(self, steps: Generator[Phase, None, None], finish: Callable[[], torch.Tensor]):
+        self.steps = steps
+        self.finish = finish  # local work once the reduction is done; returns the bucket buffer
+        self.result: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        self._enter(next(steps, None))
+
+    def advance(self) -> None:
+        """Wait for this phase's collectives, then run the next phase (it starts new ones)."""
+        for work in self.phase.works:
+            work.wait()
+        self._enter(next(self.steps, None))
+
+    def _enter(self, phase: Phase | None) -> None:
+        self.phase = phase
+        self.waiting = phase is not None and not phase.final  # a later phase has collectives
+        if phase is None or (phase.final and not phase.works):  # nothing left to wait for
+            self._complete()
+        elif phase.final:
+            done = torch.futures.collect_all([w.get_future() for w in phase.works])
+            done.then(lambda _: self._complete())
+
+    def _complete(self) -> None:
+        try:
+            if next(self.steps, None) is not None:  # runs the final, local part of the reduction
+                raise RuntimeError("a reduction started collectives after its final phase")
+            self.result.set_result(self.finish())
+        except BaseException as exc:  # the Future must complete, or DDP would wait forever
+            self.result.set_exception(exc)
+
+
+class BucketPipeline:
+    """The reductions of one backward pass, started in bucket order, completed asynchronously.
+
+    DDP hands us bucket after bucket while the backward pass goes on; we start each bucket's
+    first phase at once and return a Future, and start a bucket's next phase (PowerSGD's Q,
+    which needs the reduced P) at the following bucket's hook, when its collectives have had
+    the backward of that bucket to complete. Every collective is started on the thread that
+    runs DDP's hooks, in bucket order, so all ranks issue them in the same order (gloo and NCCL
+    match collectives by the order they are issued). torch's powerSGD_hook issues its second
+    all-reduce from a Future callback instead, whose order across buckets depends on which
+    bucket's first all-reduce finished first. Only the final, local part of a reduction
+    (decompression, the error memory, copying back) runs in the callback, on whichever thread
+    completed the last collective.
+    """
+
+    def __init__(self):
+        self._waiting: list[_Job] = []
+
+    def submit(self, steps: Generator[Phase, None, None], finish: Callable[[], torch.Tensor],
+               last: bool) -> torch.futures.Future[torch.Tensor]:
+        """Start one bucket's reduction after moving every earlier bucket one phase on; the last
+        bucket of the backward also drives all of them to their final phase."""
+        try:
+            self._advance()
+            job = _Job(steps, finish)
+            if job.waiting:
+                self._waiting.append(job)
+            while last and self._waiting:
+                self._advance()
+        except BaseException:
+            self.reset()
+            raise
+        return job.result
+
+    def _advance(self) -> None:
+        for job in self._waiting:
+            job.advance()
+        self._waiting = [job for job in self._waiting if job.waiting]
+
+    def reset(self) -> None:
+        self._waiting = []
 
 
 class AccordionHookState:
@@ -58,8 +160,7 @@ class AccordionHookState:
     `detector` (optional, anything with accumulate_layers(layers, grads) and end_step()) is fed
     each bucket's local gradients of the compressible layers before they are reduced: under the
     hook, p.grad holds the averaged, decompressed gradient once backward() returns.
-    `check_levels` spends one 16-byte all-reduce per step so that ranks holding different levels
-    stop with LevelMismatchError instead of failing inside the backend.
+    `check_levels` spends one 16-byte all-reduce per step on check_agreement.
     """
 
     def __init__(self, model: torch.nn.Module, compressor: str = "powersgd", *, group=None,
@@ -70,20 +171,18 @@ class AccordionHookState:
         self.param_names = [name for name, _ in named]
         params = [p for _, p in named]
         self.dtype = compute_dtype(params)
-        self.compressor = compressor
-        self.reducer = build_reducer(compressor, _stand_ins(params, self.dtype), group=group,
-                                     **options)
+        # The reducer reads only shape, dtype and device: stand-ins that allocate nothing.
+        stand_ins = [torch.zeros((), dtype=self.dtype, device=p.device).expand(p.shape)
+                     for p in params]
+        self.reducer = build_reducer(compressor, stand_ins, group=group, **options)
         self._params = params
         self._position_of_ptr = {p.data_ptr(): i for i, p in enumerate(params)}
-        self._position_of_name = {name: i for i, name in enumerate(self.param_names)}
         self.async_op = bool(async_op)
         self.detector = None
         self.stats = CommStats()
-        self._agreement = (LevelAgreement(compressor, self.reducer.comm, self.reducer.device)
-                           if check_levels else None)
+        self.check_levels = bool(check_levels)
         self._pipeline = BucketPipeline()
-        self._step_stats: list[CommStats] = []
-        self._in_step = False
+        self._step_stats: CommStats | None = None  # of the reduction in progress, if any
 
     @property
     def layer_names(self) -> list[str]:
@@ -105,12 +204,12 @@ class AccordionHookState:
         self.reducer.set_levels(levels)
 
     def set_level(self, param_name: str, level) -> None:
-        if param_name not in self._position_of_name:
+        if param_name not in self.param_names:
             close = difflib.get_close_matches(param_name, self.param_names, n=3)
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
             raise ValueError(f"no trainable parameter named {param_name!r}{hint} (layer_names "
                              "lists the compressible ones)")
-        layer = self.reducer.layer_of_tensor[self._position_of_name[param_name]]
+        layer = self.reducer.layer_of_tensor[self.param_names.index(param_name)]
         if layer is None:
             raise ValueError(f"{param_name!r} has fewer than 2 dimensions: it is always sent "
                              "dense and takes no level")
@@ -123,54 +222,36 @@ class AccordionHookState:
         stats, self.stats = self.stats, CommStats()
         return stats
 
-    def positions(self, params) -> list[int]:
-        try:
-            return [self._position_of_ptr[p.data_ptr()] for p in params]
-        except KeyError:
-            raise ValueError("the DDP model's parameters are not those AccordionHookState was "
-                             "built from (build the state from the model you wrap)") from None
-
     # ---- one bucket -----------------------------------------------------------------------
-    def _begin_step(self) -> None:
-        self._in_step = True
-        self._step_stats = []
-        self._pipeline.reset()
-        if self._agreement is not None:
-            self._agreement.check(self.reducer.levels)
-
-    def _end_step(self) -> None:
-        for stats in self._step_stats:
-            self.stats += stats
-        self._step_stats = []
-        self._in_step = False
-        if self.detector is not None:
-            self.detector.end_step()
-
     def reduce_bucket(self, bucket) -> torch.futures.Future[torch.Tensor]:
         buffer = bucket.buffer()
         grads = bucket.gradients()  # views into buffer: reducing them fills the buffer
-        positions = self.positions(bucket.parameters())
-        if buffer.dtype != self.dtype:
-            work_buffer = buffer.to(self.dtype)
+        try:
+            positions = [self._position_of_ptr[p.data_ptr()] for p in bucket.parameters()]
+        except KeyError:
+            raise ValueError("the DDP model's parameters are not those AccordionHookState was "
+                             "built from (build the state from the model you wrap)") from None
+        work_buffer = buffer.to(self.dtype)  # the buffer itself when it has the dtype already
+        if work_buffer is not buffer:
             base = buffer.storage_offset()
             grads = [work_buffer[g.storage_offset() - base:][:g.numel()].view(g.shape)
                      for g in grads]
-        else:
-            work_buffer = buffer
         try:
-            if not self._in_step:
-                self._begin_step()
+            if self._step_stats is None:  # the first bucket of a reduction
+                self._step_stats = CommStats()
+                self._pipeline.reset()
+                if self.check_levels:  # before any compressed collective of the step
+                    check_agreement(self.reducer)
             if self.detector is not None:
-                layers = [(self.reducer.layer_of_tensor[p], g) for p, g in zip(positions, grads)]
-                layers = [(layer, g) for layer, g in layers if layer is not None]
+                layers = [(layer, g) for p, g in zip(positions, grads)
+                          if (layer := self.reducer.layer_of_tensor[p]) is not None]
                 if layers:
-                    self.detector.accumulate_layers([l for l, _ in layers],
-                                                    [g for _, g in layers])
-            stats = CommStats()
-            self._step_stats.append(stats)
-            slot = bucket.index() if self.async_op else None
-            steps = self.reducer.reduce_steps(positions, grads, stats, self.reducer.levels,
-                                              slot=slot)
+                    self.detector.accumulate_layers([l for l, _ in layers], [g for _, g in layers])
+            # Every bucket adds to the step's stats as it starts its collectives: they are
+            # complete once the last bucket has driven every reduction to its final phase.
+            steps = self.reducer.reduce_steps(positions, grads, self._step_stats,
+                                              self.reducer.levels,
+                                              slot=bucket.index() if self.async_op else None)
 
             def finish() -> torch.Tensor:
                 if work_buffer is not buffer:
@@ -187,10 +268,13 @@ class AccordionHookState:
                 future = torch.futures.Future()
                 future.set_result(finish())
             if last:
-                self._end_step()
+                self.stats += self._step_stats
+                self._step_stats = None
+                if self.detector is not None:
+                    self.detector.end_step()
             return future
         except BaseException:
-            self._in_step = False
+            self._step_stats = None
             self._pipeline.reset()
             raise
 

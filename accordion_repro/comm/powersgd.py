@@ -13,9 +13,26 @@ from collections.abc import Sequence
 import torch
 
 from .base import Reducer
-from .config import check_level
-from .orthogonalize import orthonormalize_
 from .stats import CommStats
+
+
+# A column whose norm is below this is left at (near) zero instead of dividing by zero:
+# an all-zero layer gradient then decompresses to zero, not NaN.
+_TINY = 1e-30
+
+
+def orthonormalize_(batch: torch.Tensor) -> torch.Tensor:
+    """Make the columns of each (n, r) matrix of a (b, n, r) batch orthonormal, in place.
+
+    Rank 1 is a normalisation. Higher ranks use Householder QR (LAPACK), which stays
+    orthonormal where classical Gram-Schmidt loses orthogonality on nearly dependent columns;
+    the signs QR picks do not matter because Q = M^T P carries them into the product P Q^T.
+    """
+    if batch.shape[-1] == 1:
+        norms = torch.linalg.vector_norm(batch, dim=1, keepdim=True)
+        return batch.div_(norms.clamp_min_(_TINY))
+    q, _ = torch.linalg.qr(batch, mode="reduced")
+    return batch.copy_(q)
 
 
 class _PackedLayout:
@@ -65,37 +82,32 @@ class PowerSGDReducer(Reducer):
                          error_feedback=error_feedback)
         self.warm_start = warm_start
         self.seed = seed
-        # Q^T of each layer, (rank, m), drawn lazily; each draw re-seeds from (seed, layer, draws[layer]) so
-        # every worker draws the same Q without communication, in whatever order layers come.
+        # Q^T of each layer, (rank, m), drawn lazily; each draw re-seeds from (seed, layer,
+        # draws[layer]) so every worker draws the same Q without communication, in any order.
         self.q: list[torch.Tensor | None] = [None] * self.num_compressible
         self.draws = [0] * self.num_compressible
         self._layouts: dict[tuple, _PackedLayout] = {}
-
-    def _check_level(self, level) -> int:
-        return check_level(int, level, "compressor.rank")
 
     def _sends_dense(self, layer: int, level: int) -> bool:
         return level >= min(self.matrix_shapes[layer])
 
     def _compressed_floats(self, layer: int, level: int) -> int:
-        n, m = self.matrix_shapes[layer]
-        return (n + m) * level
+        return sum(self.matrix_shapes[layer]) * level  # (n + m) * rank
 
-    def _on_level_change(self, layer: int, old, new) -> None:
+    def _on_level_change(self, layer: int) -> None:
         self.q[layer] = None  # as the official code: a fresh random Q, the memory is kept
 
     def _fresh_q(self, layer: int, rank: int) -> torch.Tensor:
         generator = torch.Generator().manual_seed(_draw_seed(self.seed, layer, self.draws[layer]))
         self.draws[layer] += 1
-        m = self.matrix_shapes[layer][1]
-        return torch.randn(rank, m, generator=generator, dtype=self.dtype).to(self.device)
+        return torch.randn(rank, self.matrix_shapes[layer][1], generator=generator,
+                           dtype=self.dtype).to(self.device)
 
     def _layout(self, items: tuple[tuple[int, int], ...]) -> _PackedLayout:
         if items not in self._layouts:
             if len(self._layouts) > 64:  # level patterns come and go; keep the cache small
                 self._layouts.clear()
-            self._layouts[items] = _PackedLayout(items, self.matrix_shapes, self.dtype,
-                                                 self.device)
+            self._layouts[items] = _PackedLayout(items, self.matrix_shapes, self.dtype, self.device)
         return self._layouts[items]
 
     def _compressed_steps(self, items: list[tuple[int, torch.Tensor]], stats: CommStats):
@@ -106,10 +118,8 @@ class PowerSGDReducer(Reducer):
         matrices = []
         for layer, grad in items:
             grad_matrix = grad.view(self.matrix_shapes[layer])
-            if self.error_feedback:
-                matrix = self._memory(layer).add_(grad_matrix)  # memory now holds M = g + e
-            else:
-                matrix = grad_matrix
+            # With error feedback the memory now holds M = g + e.
+            matrix = self._memory(layer).add_(grad_matrix) if self.error_feedback else grad_matrix
             q_t = layout.q_t[layer]
             if self.q[layer] is None or not self.warm_start:
                 q_t.copy_(self._fresh_q(layer, self.levels[layer]))
@@ -120,12 +130,12 @@ class PowerSGDReducer(Reducer):
             torch.mm(q_t, matrix.t(), out=layout.p_t[layer])  # P^T = Q^T M^T
             matrices.append((layer, grad_matrix, matrix))
 
-        yield [self.comm.all_reduce_sum(layout.p_buffer, stats, async_op=True)], False
+        yield [self.comm.all_reduce_sum(layout.p_buffer, stats)], False
         for group in layout.p_groups:
             orthonormalize_(group)
         for layer, _, matrix in matrices:
             torch.mm(layout.p_t[layer], matrix, out=layout.q_t[layer])  # Q^T = P^T M
-        yield [self.comm.all_reduce_sum(layout.q_buffer, stats, async_op=True)], True
+        yield [self.comm.all_reduce_sum(layout.q_buffer, stats)], True
         if self.comm.world_size > 1:
             layout.q_buffer.div_(self.comm.world_size)
 
@@ -137,13 +147,9 @@ class PowerSGDReducer(Reducer):
             self.q[layer] = q_t  # warm start: the averaged Q seeds the next step
 
     def state_dict(self) -> dict:
-        state = super().state_dict()
-        state.update(
-            q_t=[None if q is None else q.detach().clone() for q in self.q],
-            draws=list(self.draws),
-            seed=self.seed,
-        )
-        return state
+        return {**super().state_dict(),
+                "q_t": [None if q is None else q.detach().clone() for q in self.q],
+                "draws": list(self.draws), "seed": self.seed}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 
 @dataclass
@@ -24,10 +24,4 @@ class CommStats:
     allgathers: int = 0       # of collectives, how many were all-gathers
 
     def __add__(self, other: "CommStats") -> "CommStats":
-        return CommStats(
-            self.floats_sent + other.floats_sent,
-            self.bytes_sent + other.bytes_sent,
-            self.collectives + other.collectives,
-            self.allgather_bytes + other.allgather_bytes,
-            self.allgathers + other.allgathers,
-        )
+        return CommStats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))

@@ -2,9 +2,10 @@
 
 Each worker keeps the k = max(1, floor(ratio * numel)) entries of largest magnitude of every
 compressed layer (`official_topk`: k = floor(ratio * numel), as the released code, so a layer
-too small for its ratio sends nothing and its averaged gradient is zero). The step's values (float32) and indices (int32) go into ONE float32 buffer:
-values first, then the indices stored bitwise (an int32 view of the same storage), so one
-all-gather moves everything and no index is rounded through a float conversion.
+too small for its ratio sends nothing and its averaged gradient is zero). The step's values
+(float32) and indices (int32) go into ONE float32 buffer: values first, then the indices stored
+bitwise (an int32 view of the same storage), so one all-gather moves everything and no index
+is rounded through a float conversion.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from collections.abc import Sequence
 import torch
 
 from .base import Reducer
-from .config import check_level
 from .stats import CommStats
 
 
@@ -91,13 +91,8 @@ class TopKReducer(Reducer):
         self.official_topk = official_topk
         self._scratch = torch.empty(0, dtype=self.dtype, device=self.device)
 
-    def _check_level(self, level) -> float:
-        return check_level(float, level, "compressor.ratio")
-
     def kept(self, layer: int, ratio: float) -> int:
-        """Entries each worker sends for `layer`. The released code takes int(ratio * numel), which
-        is 0 for a small layer at a small ratio (that layer then gets no update); ours keeps at
-        least one so every compressed layer still moves."""
+        """Entries each worker sends for `layer`: k of the module docstring."""
         n, m = self.matrix_shapes[layer]
         k = int(ratio * n * m)
         return k if self.official_topk else max(1, k)
@@ -118,19 +113,18 @@ class TopKReducer(Reducer):
         if self._scratch.numel() < largest:
             self._scratch = torch.empty(largest, dtype=self.dtype, device=self.device)
 
-        offset = 0
-        for (layer, grad), k in zip(items, counts):
+        for (layer, grad), k, out_values, out_indices in zip(
+                items, counts, send_values.split(counts), send_indices.split(counts)):
             if k == 0:
                 continue  # official_topk only: nothing sent, the output below stays zero
             flat = grad.view(-1)
             if self.error_feedback:
                 flat = self._memory(layer).view(-1).add_(flat)  # memory now holds M = g + e
             chosen = topk_indices(flat, k, self._scratch[:flat.numel()])
-            torch.index_select(flat, 0, chosen, out=send_values[offset:offset + k])
-            send_indices[offset:offset + k].copy_(chosen)
+            torch.index_select(flat, 0, chosen, out=out_values)
+            out_indices.copy_(chosen)
             if self.error_feedback:
                 flat.index_fill_(0, chosen, 0.0)  # memory = M - what this worker sent
-            offset += k
 
         if total == 0:  # official_topk only: no layer sends an entry this step
             for _, grad in items:
@@ -143,11 +137,9 @@ class TopKReducer(Reducer):
             gathered = self.comm.all_gather(send, stats)
         values, indices = gathered[:, :total], gathered[:, total:].view(torch.int32)
         scale = 1.0 if self.official_topk else 1.0 / self.comm.world_size
-        offset = 0
-        for (layer, grad), k in zip(items, counts):
+        for (_, grad), layer_values, layer_indices in zip(items, values.split(counts, dim=1),
+                                                          indices.split(counts, dim=1)):
             flat = grad.view(-1).zero_()
-            flat.index_add_(0, indices[:, offset:offset + k].reshape(-1),
-                            values[:, offset:offset + k].reshape(-1))
+            flat.index_add_(0, layer_indices.reshape(-1), layer_values.reshape(-1))
             if scale != 1.0:
                 flat.mul_(scale)
-            offset += k
