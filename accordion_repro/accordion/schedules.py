@@ -9,19 +9,21 @@ schedule is built from it, so that validation and construction cannot drift.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
+from ..comm.config import check_level
 from ..errors import ConfigError
 from ..options import Options, as_epoch
-from .batch import LR_SCALINGS, check_batch_order, check_global_batch, lr_scale_for
 from .detector import CriticalRegimeDetector, DetectorSettings
-from .levels import check_compresses_more, check_level, require_levels
 from .plan import Plan, compact_levels
 
 # How per-layer flags become the one model-wide decision a batch size needs.
 BATCH_DECISIONS = ("model_norm", "any", "majority")
 BATCH_MODES = ("detector", "fixed_epoch")
+# The LR multiplier at global batch B, from B / B_low (the scheduled LR is the one for B_low).
+LR_SCALINGS = {"linear": lambda ratio: ratio, "sqrt": math.sqrt, "none": lambda ratio: 1.0}
 
 
 @dataclass(frozen=True)
@@ -230,7 +232,7 @@ class BatchRule:
     def plan(self, critical: bool, levels=None) -> Plan:
         batch = self.batch_low if critical else self.batch_high
         return Plan(levels=levels, global_batch=batch,
-                    lr_scale=lr_scale_for(batch, self.batch_low, self.lr_scaling))
+                    lr_scale=LR_SCALINGS[self.lr_scaling](batch / self.batch_low))
 
 
 class AccordionSchedule(_DetectorDriven):
@@ -389,25 +391,49 @@ class RegimeWindowsSchedule(Schedule):
             outside=check_level(kind, options.get("outside"), options.key("outside")))
 
 
+def require_levels(schedule: str, compressor: str, kind: type | None) -> type:
+    """Schedules that change the compression level need a compressor that has levels (the
+    kind, int ranks or float kept fractions, is comm/'s answer, passed in the context)."""
+    if kind is None:
+        raise ConfigError("schedule.name",
+                          f"schedule {schedule!r} changes the compression level, but compressor "
+                          f"{compressor!r} has no levels; use compressor=powersgd or topk, or a "
+                          "schedule that keeps compression fixed (static, batch_accordion)")
+    return kind
+
+
 def _parse_level_pair(name: str, options: Options, context: ScheduleContext,
                       low_option: str, high_option: str):
+    """`high` (outside critical regimes) may not send more than `low` (inside them); for both
+    kinds a larger number sends more: a higher rank, a larger kept fraction."""
     kind = require_levels(name, context.compressor, context.level_kind)
     low = check_level(kind, options.get(low_option), options.key(low_option))
     high = check_level(kind, options.get(high_option), options.key(high_option))
-    check_compresses_more(high, low, high_key=options.key(high_option),
-                          low_key=options.key(low_option))
+    if high > low:
+        raise options.error(high_option, f"{high!r} compresses less than {options.key(low_option)}"
+                                         f" = {low!r}; the high-compression level must send no "
+                                         "more than the low one")
     return low, high
 
 
 def _parse_batch_pair(options: Options, context: ScheduleContext,
                       low_option: str, high_option: str) -> tuple[int, int]:
-    low = check_global_batch(options.get(low_option), options.key(low_option),
-                             context.world_size)
-    high = check_global_batch(options.get(high_option), options.key(high_option),
-                              context.world_size)
-    check_batch_order(low, high, low_key=options.key(low_option),
-                      high_key=options.key(high_option))
+    """Two global batches, each split evenly into one per-worker batch per rank, B_high >= B_low."""
+    low, high = (_global_batch(options, option, context.world_size)
+                 for option in (low_option, high_option))
+    if high < low:
+        raise options.error(high_option, f"B_high = {high} is smaller than {options.key(low_option)}"
+                                         f" = {low}; the batch outside critical regimes must be "
+                                         "at least as large")
     return low, high
+
+
+def _global_batch(options: Options, option: str, world_size: int) -> int:
+    value = options.integer(option, what="a global batch")
+    if value % world_size:
+        raise options.error(option, f"global batch {value} does not divide across {world_size} "
+                                    f"workers (per-worker batch {value / world_size:g})")
+    return value
 
 
 def _parse_windows(windows, total_epochs: int | None) -> list[tuple[int, int]]:
