@@ -21,13 +21,13 @@ import sys
 from pathlib import Path
 
 from accordion_repro.errors import ConfigError
-from accordion_repro.netbench.netns import LinkSpec, NetbenchUnavailable, missing_requirement
+from accordion_repro.netbench.netns import (LinkSpec, NetbenchUnavailable, missing_requirement,
+                                             parse_bandwidth, parse_duration)
 from accordion_repro.netbench.driver import assemble, measure
 from accordion_repro.netbench.ranks import RanksFailed
 from accordion_repro.netbench.report import off_rows, write
 from accordion_repro.utils import atomic_write_text
 from accordion_repro.netbench.study import study_families
-from accordion_repro.netbench.units import parse_bandwidth, parse_duration
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -186,7 +186,7 @@ def test_script_stops_at_once_with_one_line_when_requirements_are_missing(monkey
 
 
 def test_units_parse_rates_and_delays():
-    from accordion_repro.netbench.units import parse_bandwidth, parse_duration
+    from accordion_repro.netbench.netns import parse_bandwidth, parse_duration
 
     assert parse_bandwidth("100mbit") == 100e6
     assert parse_bandwidth("1Gbit") == 1e9
