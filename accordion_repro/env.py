@@ -13,24 +13,17 @@ def slurm_env() -> dict | None:
     """Rank layout of an srun-started task (one task per rank), or None."""
     if "SLURM_PROCID" not in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
         return None
-    return {
-        "RANK": os.environ["SLURM_PROCID"],
-        "WORLD_SIZE": os.environ["SLURM_NTASKS"],
-        "LOCAL_RANK": os.environ.get("SLURM_LOCALID", "0"),
-    }
+    return {"RANK": os.environ["SLURM_PROCID"], "WORLD_SIZE": os.environ["SLURM_NTASKS"],
+            "LOCAL_RANK": os.environ.get("SLURM_LOCALID", "0")}
 
 
 def env_world_size() -> int | None:
     """World size given by torchrun or Slurm, None when this process is on its own."""
-    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
-        return int(os.environ["WORLD_SIZE"])
-    slurm = slurm_env()
-    return int(slurm["WORLD_SIZE"]) if slurm else None
+    layout = os.environ if "WORLD_SIZE" in os.environ and "RANK" in os.environ else slurm_env() or {}
+    return int(layout["WORLD_SIZE"]) if "WORLD_SIZE" in layout else None
 
 
 def env_rank() -> int:
     """This process's rank under torchrun or Slurm (0 when it is on its own)."""
-    if "RANK" in os.environ:
-        return int(os.environ["RANK"])
-    slurm = slurm_env()
-    return int(slurm["RANK"]) if slurm else 0
+    layout = os.environ if "RANK" in os.environ else slurm_env() or {}
+    return int(layout.get("RANK", 0))

@@ -23,6 +23,7 @@ single-host run listens on no outside address.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime
 import logging
@@ -40,6 +41,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from accordion_repro.dist_settings import DistSettings
+from accordion_repro.engine import stop
 from accordion_repro.engine.settings import TrainerSettings
 from accordion_repro.env import env_rank, env_world_size, slurm_env
 from accordion_repro.errors import TrainingDiverged
@@ -78,13 +80,11 @@ def stop_signals() -> tuple:
 
 def _first_slurm_host() -> str:
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST", "")
-    try:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
         out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
                              text=True, timeout=30, check=True).stdout.split()
         if out:
             return out[0]
-    except (OSError, subprocess.SubprocessError):
-        pass
     # Fallback parser for "node[01-04,07],other": the first host of the first entry.
     m = re.match(r"([^,\[]+)(?:\[(\d+))?", nodelist)
     if not m:
@@ -108,10 +108,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def resolve_backend(cfg: dict) -> str:
-    backend = DistSettings.from_config(cfg["dist"]).backend
-    if backend != "auto":
-        return backend
+def resolve_backend(cfg: dict, settings: DistSettings) -> str:
+    if settings.backend != "auto":
+        return settings.backend
     return "nccl" if TrainerSettings.from_config(cfg["trainer"]).use_cuda else "gloo"
 
 
@@ -121,8 +120,8 @@ def _limit_threads(local_world: int) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
 
 
-def _run(cfg: dict, run_dir: Path) -> None:
-    from accordion_repro.engine import stop
+def _run(cfg: dict, run_dir: Path, in_group: bool = False) -> None:
+    """Train this rank; leave its process group (when in one) however the run ends."""
     from accordion_repro.engine.trainer import Trainer
 
     stop.install(stop_signals())
@@ -130,10 +129,9 @@ def _run(cfg: dict, run_dir: Path) -> None:
         Trainer(cfg, run_dir).fit()
     except TrainingDiverged as exc:
         raise RankFailed(str(exc)) from None
-
-
-def _loopback(addr: str) -> bool:
-    return addr in ("127.0.0.1", "localhost", "::1")
+    finally:
+        if in_group:
+            dist.destroy_process_group()
 
 
 def _spawned_worker(local_rank: int, cfg: dict, run_dir: str, settings: DistSettings,
@@ -141,20 +139,17 @@ def _spawned_worker(local_rank: int, cfg: dict, run_dir: str, settings: DistSett
     world_size = settings.nproc_per_node
     os.environ.update(RANK=str(local_rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(world_size))
-    if _loopback(settings.master_addr):
+    if settings.master_addr in ("127.0.0.1", "localhost", "::1"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     _die_with_parent()
     _limit_threads(world_size)
     if local_rank == 0:
         _rank0_logging(Path(run_dir))
-    dist.init_process_group(backend=resolve_backend(cfg), init_method=f"file://{store_file}",
+    dist.init_process_group(backend=resolve_backend(cfg, settings), init_method=f"file://{store_file}",
                             rank=local_rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=int(settings.timeout_s)))
-    try:
-        _run(cfg, Path(run_dir))
-    finally:
-        dist.destroy_process_group()
+    _run(cfg, Path(run_dir), in_group=True)
 
 
 def _rank0_logging(run_dir: Path) -> None:
@@ -173,61 +168,39 @@ def _rank0_logging(run_dir: Path) -> None:
     logger.propagate = False
 
 
-def _raise_if_stopped(run_dir: Path) -> None:
-    summary = read_summary(run_dir)
-    if summary.get("status") == "stopped" and summary.get("stop_signal"):
-        signum = int(summary["stop_signal"])
-        raise RunStopped(f"stopped: {summary.get('stopped', 'by a signal')}; rerun the same "
-                         f"command to resume", 128 + signum)
-
-
-def _leave_stopped_submitit_job(run_dir: Path, submitit_handler, leader: bool) -> None:
-    """Under submitit on Slurm, end a run that a signal stopped without returning a result.
-
-    The leader (rank 0, or the process that spawned the local ranks) reads the signal the
-    ranks agreed on from summary.json; another rank goes by the signal it got itself (Slurm
-    signals every task). After the time-limit signal the leader hands over to submitit's
-    handler, which pickles the job for its next start, runs `scontrol requeue` and exits
-    (or, with no requeue left, raises, which the sweep reports). After SIGTERM or SIGINT,
-    Slurm itself is ending the job: exit 128 + signal, with no result.
-    """
-    requeue = submitit_requeue_signal()
-    if requeue is None:
-        return
-    from accordion_repro.engine import stop
-
-    summary = read_summary(run_dir) if leader else {}
-    if leader:
-        signum = int(summary.get("stop_signal") or 0) if summary.get("status") == "stopped" else 0
-    else:
-        signum = stop.requested()
-    if not signum:
-        return
-    name = signal.Signals(signum).name
-    where = summary.get("stopped") or f"by {name}"
-    if signum == requeue and leader and callable(submitit_handler):
-        print(f"stopped: {where}; submitit requeues job {os.environ['SLURM_JOB_ID']}, which "
-              f"resumes from the last checkpoint", file=sys.stderr, flush=True)
-        submitit_handler(signum, None)  # checkpoint + scontrol requeue + exit
-    print(f"stopped: {where}; leaving without a result (Slurm requeues or ends job "
-          f"{os.environ['SLURM_JOB_ID']})", file=sys.stderr, flush=True)
-    raise SystemExit(128 + signum)
-
-
 def mark_failed(run_dir: Path, message: str) -> None:
     """Record a failure the ranks could not record themselves (a rank killed, a lost peer)."""
     summary = read_summary(run_dir)
-    if not summary or summary.get("status") == "completed":
-        return
-    summary.update(status="failed", error=message.splitlines()[0])
-    write_summary(run_dir, summary)
+    if summary and summary.get("status") != "completed":
+        write_summary(run_dir, {**summary, "status": "failed", "error": message.splitlines()[0]})
 
 
 def _end_of_run(run_dir: Path, submitit_handler, leader: bool) -> None:
-    """What a finished job says: nothing, a submitit requeue, or RunStopped (leader only)."""
-    _leave_stopped_submitit_job(run_dir, submitit_handler, leader=leader)
-    if leader:
-        _raise_if_stopped(run_dir)
+    """What a finished job says: nothing, RunStopped (leader only), or, when a signal stopped
+    it under submitit on Slurm, no result at all.
+
+    The leader (rank 0, or the process that spawned the local ranks) reads the signal the ranks
+    agreed on from summary.json; another rank goes by its own (Slurm signals every task). After
+    the time-limit signal the leader hands over to submitit's handler, which pickles the job,
+    runs `scontrol requeue` and exits (or, with no requeue left, raises, which the sweep
+    reports); after SIGTERM or SIGINT Slurm itself ends the job: exit 128 + signal.
+    """
+    summary = read_summary(run_dir) if leader else {}
+    stopped = int(summary.get("stop_signal") or 0) if summary.get("status") == "stopped" else 0
+    requeue = submitit_requeue_signal()
+    signum = (stopped if leader else stop.requested()) if requeue else 0
+    if signum:
+        where = summary.get("stopped") or f"by {signal.Signals(signum).name}"
+        if signum == requeue and leader and callable(submitit_handler):
+            print(f"stopped: {where}; submitit requeues job {os.environ['SLURM_JOB_ID']}, which "
+                  f"resumes from the last checkpoint", file=sys.stderr, flush=True)
+            submitit_handler(signum, None)  # checkpoint + scontrol requeue + exit
+        print(f"stopped: {where}; leaving without a result (Slurm requeues or ends job "
+              f"{os.environ['SLURM_JOB_ID']})", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum)
+    if stopped:
+        raise RunStopped(f"stopped: {summary.get('stopped', 'by a signal')}; rerun the same "
+                         f"command to resume", 128 + stopped)
 
 
 def launch(cfg: dict, run_dir: Path) -> None:
@@ -238,12 +211,9 @@ def launch(cfg: dict, run_dir: Path) -> None:
     requeue = submitit_requeue_signal()
     submitit_handler = signal.getsignal(requeue) if requeue else None
     if settings.launcher in ("auto", "env") and env_world_size() is not None:
-        _join_env_group(resolve_backend(cfg), int(settings.timeout_s))
+        _join_env_group(resolve_backend(cfg, settings), int(settings.timeout_s))
         _limit_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-        try:
-            _run(cfg, run_dir)
-        finally:
-            dist.destroy_process_group()
+        _run(cfg, run_dir, in_group=True)
         _end_of_run(run_dir, submitit_handler, leader=env_rank() == 0)
         return
     if settings.launcher == "env":
@@ -293,7 +263,5 @@ def _spawn(cfg: dict, run_dir: Path, settings: DistSettings, store_file: str) ->
 
 def _die_with_parent() -> None:
     """Linux: a local rank gets SIGKILL when the launching process dies, even by SIGKILL."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass

@@ -19,7 +19,7 @@ import json
 import os
 import shutil
 import socket
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import yaml
@@ -27,9 +27,7 @@ import yaml
 from accordion_repro.engine.checkpoint import checkpoint_path, read as read_checkpoint
 from accordion_repro.utils import pid_alive
 
-RUN_FILES = ("resolved.yaml", "metrics.jsonl", "summary.json")
-MOVABLE = (*RUN_FILES, "checkpoints", "wandb")
-LOCK_NAME = ".lock"
+MOVABLE = ("resolved.yaml", "metrics.jsonl", "summary.json", "checkpoints", "wandb")
 
 # Keys that say where or how visibly a run happens, not what it computes. A resumed run may
 # change them freely; every other key must match the run already in the directory.
@@ -61,38 +59,26 @@ def _flatten(mapping, prefix: str = "") -> dict:
     return flat
 
 
-def _compared(key: str) -> bool:
-    if key == "scale.name":
-        return True
-    return key not in IGNORED_KEYS and not key.startswith(IGNORED_PREFIXES)
-
-
-def _same_data_file(old, new) -> bool:
-    """dataset.path may move between machines; the file names must still agree."""
-    def names(value):
-        values = value if isinstance(value, list) else [value]
-        return [os.path.basename(str(v)) for v in values]
-    return names(old) == names(new)
+def _file_names(value) -> list[str]:
+    return [os.path.basename(str(v)) for v in (value if isinstance(value, list) else [value])]
 
 
 def config_delta(old: dict, new: dict) -> dict[str, list]:
-    """{key: [old value, new value]} for every compared key that differs."""
+    """{key: [old value, new value]} for every compared key that differs.
+
+    dataset.path may move between machines; only its file names must still agree.
+    """
     a, b = _flatten(old), _flatten(new)
     delta = {}
     for key in sorted(set(a) | set(b)):
-        if not _compared(key):
+        if key != "scale.name" and (key in IGNORED_KEYS or key.startswith(IGNORED_PREFIXES)):
             continue
         before, after = a.get(key, "<absent>"), b.get(key, "<absent>")
-        if key == "dataset.path" and _same_data_file(before, after):
+        if key == "dataset.path" and _file_names(before) == _file_names(after):
             continue
         if before != after:
             delta[key] = [before, after]
     return delta
-
-
-def has_run(run_dir: Path) -> bool:
-    return any((Path(run_dir) / name).exists() for name in ("metrics.jsonl", "summary.json",
-                                                            "checkpoints"))
 
 
 def move_aside(run_dir: Path) -> Path | None:
@@ -121,7 +107,8 @@ def check_existing_run(run_dir: Path, resolved: dict) -> dict[str, list]:
             print(f"trainer.resume=never: the previous run in {run_dir} was moved to {moved}")
         return {}
     previous = run_dir / "resolved.yaml"
-    if not previous.exists() or not has_run(run_dir):
+    has_run = any((run_dir / name).exists() for name in ("metrics.jsonl", "summary.json", "checkpoints"))
+    if not previous.exists() or not has_run:
         return {}
     delta = config_delta(yaml.safe_load(previous.read_text()) or {}, resolved)
     if delta and not trainer.get("allow_config_change", False):
@@ -141,7 +128,7 @@ def run_lock(run_dir: Path):
     """Hold run_dir/.lock for the life of the job; refuse when a live job holds it."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / LOCK_NAME
+    path = run_dir / ".lock"
     me = {"pid": os.getpid(), "host": socket.gethostname(),
           "since": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     for _ in range(2):
@@ -168,8 +155,6 @@ def run_lock(run_dir: Path):
     try:
         yield
     finally:
-        try:
+        with suppress(OSError, json.JSONDecodeError):
             if json.loads(path.read_text()).get("pid") == me["pid"]:
                 path.unlink()
-        except (OSError, json.JSONDecodeError):
-            pass

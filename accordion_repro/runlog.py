@@ -48,18 +48,15 @@ class RunLogger:
     def __init__(self, run_dir: Path, *, config: dict, wandb_cfg: dict, wandb_id: str | None):
         self.run_dir = Path(run_dir)
         self.metrics_path = self.run_dir / "metrics.jsonl"
-        self.summary: dict[str, Any] = {}
-        self.summary = read_summary(self.run_dir)
+        self.summary: dict[str, Any] = read_summary(self.run_dir)
         self._wandb = None
         self.wandb_id = wandb_id
-        if wandb_cfg["mode"] != "disabled":
-            self._start_wandb(config, wandb_cfg)
-
-    def _start_wandb(self, config: dict, wandb_cfg: dict) -> None:
+        if wandb_cfg["mode"] == "disabled":
+            return
         import wandb
 
         os.environ.setdefault("WANDB_SILENT", "true")
-        self.wandb_id = self.wandb_id or secrets.token_hex(6)
+        self.wandb_id = wandb_id or secrets.token_hex(6)
         self._wandb = wandb.init(
             project=wandb_cfg["project"], entity=wandb_cfg.get("entity"), group=wandb_cfg.get("group"),
             tags=list(wandb_cfg.get("tags") or []), mode=wandb_cfg["mode"], dir=str(self.run_dir),
@@ -97,7 +94,7 @@ class RunLogger:
             f.flush()
             os.fsync(f.fileno())
         if self._wandb is not None:
-            flat = {k: v for k, v in record.items() if isinstance(v, (int, float)) and v is not None}
+            flat = {k: v for k, v in record.items() if isinstance(v, (int, float))}
             self._wandb.log(flat, step=record["epoch"])
 
     def update_summary(self, **fields: Any) -> None:
@@ -105,12 +102,6 @@ class RunLogger:
         write_summary(self.run_dir, self.summary)
         if self._wandb is not None:
             self._wandb.summary.update({k: v for k, v in fields.items() if isinstance(v, (int, float, str))})
-
-    def forget(self, *keys: str) -> None:
-        """Drop summary fields that no longer hold (e.g. a stop that the resume got past)."""
-        for key in keys:
-            self.summary.pop(key, None)
-        write_summary(self.run_dir, self.summary)
 
     def close(self) -> None:
         if self._wandb is not None:
@@ -125,17 +116,8 @@ class NullRunLogger:
     wandb_id = None
     summary: dict[str, Any] = {}
 
-    def truncate_from(self, epoch: int) -> None:
-        pass
-
-    def log_epoch(self, record: dict) -> None:
-        pass
-
-    def update_summary(self, **fields: Any) -> None:
-        pass
-
-    def forget(self, *keys: str) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+    def __getattr__(self, name: str):
+        """Each of RunLogger's methods, doing nothing."""
+        if not hasattr(RunLogger, name):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: None

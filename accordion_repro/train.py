@@ -56,11 +56,10 @@ def run(cfg: DictConfig, run_dir: Path) -> Path:
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    multirun = hydra_cfg.mode == RunMode.MULTIRUN
     try:
         run(cfg, run_dir)
     except USER_ERRORS + (RankFailed, RunStopped) as exc:
-        if multirun:
+        if hydra_cfg.mode == RunMode.MULTIRUN:
             # Hydra reports the failed job with its overrides and still runs the other jobs.
             raise JobFailed(str(exc)) from None
         if isinstance(exc, RunStopped):

@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 
 from accordion_repro.accordion import Plan
+from accordion_repro.comm.collectives import distributed
 from accordion_repro.utils import atomic_write_bytes
 
-CHECKPOINT_NAME = "last.pt"
 _PLAIN = (type(None), bool, int, float, str, bytes, torch.Tensor)
 
 
@@ -32,7 +32,7 @@ class CheckpointError(RuntimeError):
 
 
 def checkpoint_path(run_dir: Path) -> Path:
-    return Path(run_dir) / "checkpoints" / CHECKPOINT_NAME
+    return Path(run_dir) / "checkpoints" / "last.pt"
 
 
 def rng_state() -> dict:
@@ -81,17 +81,12 @@ def from_plain(value):
     return value
 
 
-def _gather_to_rank0(obj):
-    if not (dist.is_available() and dist.is_initialized()):
-        return [obj]
-    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(obj, out, dst=0)
-    return out
-
-
 def save(run_dir: Path, shared: dict, per_rank: dict) -> None:
     """Collective: every rank calls it; rank 0 writes shared state plus all ranks' parts."""
-    parts = _gather_to_rank0(per_rank)
+    parts = [per_rank]
+    if distributed():
+        parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        dist.gather_object(per_rank, parts, dst=0)
     if parts is None:
         return
     buffer = io.BytesIO()

@@ -50,15 +50,14 @@ def _decay_schedule(decay_at: Sequence[float | int], total_epochs: int) -> list[
             if not fraction:
                 raise ConfigError("optim.decay_at", f"{d!r} collides with the decay at epoch {taken} "
                                   f"(from {decay_at[out[-1][0]]!r}); decays must be distinct epochs")
-            if taken + 1 >= total_epochs:
-                warnings.warn(f"optim.decay_at: {d!r} of a {total_epochs}-epoch run rounds to epoch "
-                              f"{epoch}, where the decay from {decay_at[out[-1][0]]!r} already is, "
-                              f"and epoch {taken + 1} is past the run: this decay is dropped",
-                              UserWarning, stacklevel=3)
-                continue
+            dropped = taken + 1 >= total_epochs
+            outcome = (f", and epoch {taken + 1} is past the run: this decay is dropped" if dropped
+                       else f": it is moved to epoch {taken + 1}")
             warnings.warn(f"optim.decay_at: {d!r} of a {total_epochs}-epoch run rounds to epoch "
-                          f"{epoch}, where the decay from {decay_at[out[-1][0]]!r} already is: "
-                          f"it is moved to epoch {taken + 1}", UserWarning, stacklevel=3)
+                          f"{epoch}, where the decay from {decay_at[out[-1][0]]!r} already is"
+                          f"{outcome}", UserWarning, stacklevel=3)
+            if dropped:
+                continue
             epoch = taken + 1
         out.append((index, epoch))
     return out
@@ -89,14 +88,13 @@ class EpochLR:
         return 1.0 + (self.peak_factor - 1.0) * progress
 
     def __call__(self, epoch: int) -> float:
+        inclusive = (True,) * len(self.decays)
         if self.official_off_by_one:
             if epoch == 0:
                 return self.base_lr
-            prev = epoch - 1  # the official get_lr(prev) runs at the end of epoch prev
+            epoch -= 1  # the official get_lr(e - 1) runs at the end of epoch e - 1
             inclusive = self.official_inclusive or (False,) * len(self.decays)
-            passed = sum(prev >= d if inc else prev > d for d, inc in zip(self.decays, inclusive))
-            return self.base_lr * self._warmup_factor(prev) * self.decay_factor**passed
-        passed = sum(epoch >= d for d in self.decays)
+        passed = sum(epoch >= d if inc else epoch > d for d, inc in zip(self.decays, inclusive))
         return self.base_lr * self._warmup_factor(epoch) * self.decay_factor**passed
 
 

@@ -31,11 +31,9 @@ class LSTMMomentum(torch.optim.Optimizer):
                 g = p.grad
                 if group["weight_decay"]:
                     g = g.add(p, alpha=group["weight_decay"])
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p)
-                m = state["momentum_buffer"]
-                m.mul_(group["momentum"]).add_(g)
+                if "momentum_buffer" not in self.state[p]:
+                    self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+                m = self.state[p]["momentum_buffer"].mul_(group["momentum"]).add_(g)
                 p.add_(g + m, alpha=-group["lr"])
         return None
 
@@ -46,7 +44,3 @@ def build_optimizer(optim: OptimSettings, params: list[torch.Tensor], lr: float)
                                weight_decay=optim.weight_decay)
     return LSTMMomentum(params, lr=lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
 
-
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = lr

@@ -24,11 +24,11 @@ def _handler(signum, frame):
     _state.update(signal=signum, at=time.monotonic())
 
 
-def install(signals) -> dict:
-    """Make each of `signals` a stop request; return the handlers they replace (under submitit,
-    its time-limit handler, which launch.py calls once the run has stopped cleanly)."""
+def install(signals) -> None:
+    """Make each of `signals` a stop request."""
     _state["signal"] = 0
-    return {sig: signal.signal(sig, _handler) for sig in signals}
+    for sig in signals:
+        signal.signal(sig, _handler)
 
 
 def requested() -> int:

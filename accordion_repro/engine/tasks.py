@@ -25,19 +25,17 @@ class ImageClassificationTask:
                  num_workers: int, reshuffle_each_epoch: bool, eval_batch_size: int):
         self.bundle, self.rank, self.world_size = bundle, rank, world_size
         self.device, self.seed, self.num_workers = device, seed, num_workers
-        self.reshuffle_each_epoch = reshuffle_each_epoch
-        self.eval_batch_size = eval_batch_size
+        self.reshuffle_each_epoch, self.eval_batch_size = reshuffle_each_epoch, eval_batch_size
 
     def steps_per_epoch(self, batch_size: int) -> int:
         per_rank = math.ceil(len(self.bundle.train) / self.world_size)
         return math.ceil(per_rank / batch_size)
 
     def train_batches(self, epoch: int, micro_batch: int) -> Iterator:
-        loader = image_loader(
-            self.bundle.train, batch_size=micro_batch, rank=self.rank, world_size=self.world_size,
-            epoch=epoch, shuffle=True, reshuffle_each_epoch=self.reshuffle_each_epoch,
-            seed=self.seed, num_workers=self.num_workers,
-        )
+        loader = image_loader(self.bundle.train, batch_size=micro_batch, rank=self.rank,
+                              world_size=self.world_size, epoch=epoch, shuffle=True,
+                              reshuffle_each_epoch=self.reshuffle_each_epoch, seed=self.seed,
+                              num_workers=self.num_workers)
         for x, y in loader:
             yield x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
@@ -84,9 +82,7 @@ class LanguageModelTask:
                  eval_batch_size: int):
         self.bundle, self.rank, self.world_size = bundle, rank, world_size
         self.device, self.bptt, self.eval_batch_size = device, bptt, eval_batch_size
-        self._train = None
-        self._batch_size = None
-        self.hidden = None
+        self._train = self._batch_size = self.hidden = None
 
     def _train_data(self, batch_size: int) -> torch.Tensor:
         if self._batch_size != batch_size:
@@ -127,13 +123,12 @@ class LanguageModelTask:
 
 
 def build_task(bundle, cfg: dict, trainer: TrainerSettings, *, rank: int, world_size: int,
-               device: torch.device, num_workers: int):
+               device: torch.device):
+    where = dict(rank=rank, world_size=world_size, device=device)
     if bundle.kind == "text":
-        return LanguageModelTask(bundle, rank=rank, world_size=world_size, device=device,
-                                 bptt=int(cfg["dataset"]["bptt"]),
+        return LanguageModelTask(bundle, **where, bptt=int(cfg["dataset"]["bptt"]),
                                  eval_batch_size=int(cfg["dataset"].get("eval_batch_size", 10)))
-    return ImageClassificationTask(
-        bundle, rank=rank, world_size=world_size, device=device, seed=int(cfg["seed"]),
-        num_workers=num_workers, reshuffle_each_epoch=bool(trainer.reshuffle_each_epoch),
-        eval_batch_size=trainer.eval_batch_size,
-    )
+    num_workers = trainer.num_workers if trainer.num_workers != "auto" else (4 if trainer.use_cuda else 0)
+    return ImageClassificationTask(bundle, **where, seed=int(cfg["seed"]), num_workers=num_workers,
+                                   reshuffle_each_epoch=bool(trainer.reshuffle_each_epoch),
+                                   eval_batch_size=trainer.eval_batch_size)

@@ -30,7 +30,7 @@ from accordion_repro.comm.stats import CommStats
 from accordion_repro.data import build_data
 from accordion_repro.engine import checkpoint, stop
 from accordion_repro.engine.lr import build_epoch_lr
-from accordion_repro.engine.optim import build_optimizer, set_lr
+from accordion_repro.engine.optim import build_optimizer
 from accordion_repro.engine.settings import OptimSettings, TrainerSettings
 from accordion_repro.engine.tasks import build_task
 from accordion_repro.errors import TrainingDiverged
@@ -42,17 +42,8 @@ log = logging.getLogger("accordion_repro.train")
 
 
 class _StopRequested(Exception):
-    """A signal asked the run to stop; raised between steps on every rank at once."""
-
-    def __init__(self, signum: int, epoch: int, step: int):
-        super().__init__(signum, epoch, step)
-        self.signum, self.epoch, self.step = signum, epoch, step
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+    """A signal asked the run to stop; raised between steps on every rank at once, with the
+    signal, the epoch and the steps done."""
 
 
 def _sync(device: torch.device) -> None:
@@ -68,51 +59,48 @@ class Trainer:
         self.settings = t = TrainerSettings.from_config(cfg["trainer"])
         self.optim = OptimSettings.from_config(cfg["optim"])
         if t.use_cuda:
-            local = int(os.environ.get("LOCAL_RANK", "0"))
-            torch.cuda.set_device(local % torch.cuda.device_count())
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
             self.device = torch.device("cuda", torch.cuda.current_device())
             torch.backends.cudnn.benchmark = not t.deterministic
             torch.backends.cudnn.deterministic = bool(t.deterministic)
         else:
             self.device = torch.device("cpu")
-        num_workers = t.num_workers if t.num_workers != "auto" else (4 if t.use_cuda else 0)
 
         # Same seed on every rank, as the official code; weights are then broadcast from rank 0.
-        _seed_everything(int(cfg["seed"]))
-        self.bundle = build_data(cfg["dataset"], int(cfg["seed"]))
+        seed = int(cfg["seed"])
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+        self.bundle = build_data(cfg["dataset"], seed)
         model_opts = {k: v for k, v in cfg["model"].items() if k != "name"}
         self.model = build_model(cfg["model"]["name"], num_classes=self.bundle.num_classes,
                                  vocab_size=self.bundle.vocab_size, **model_opts).to(self.device)
         self._broadcast_model()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.num_params = count_parameters(self.model)
 
         comp = dict(cfg["compressor"])
         comp_name = comp.pop("name")
         self.reducer = build_reducer(comp_name, self.params, **comp)
         self.compressible = [i for i, c in enumerate(self.reducer.compressible) if c]
 
-        self.base_batch = t.batch_size
         sched = dict(cfg["schedule"])
         sched_name = sched.pop("name")
         self.schedule = build_schedule(
             sched_name, num_layers=len(self.compressible), compressor=comp_name,
             default_level=compressor_level(comp_name, comp),
-            base_global_batch=self.base_batch * self.world_size, world_size=self.world_size,
+            base_global_batch=t.batch_size * self.world_size, world_size=self.world_size,
             total_epochs=t.epochs, **sched)
         self.detector = self.schedule.make_detector() if self.rank == 0 else None
         self.plan: Plan = self.schedule.initial_plan()
 
         self.task = build_task(self.bundle, cfg, t, rank=self.rank, world_size=self.world_size,
-                               device=self.device, num_workers=num_workers)
+                               device=self.device)
         self.epoch_lr = build_epoch_lr(self.optim, total_epochs=t.epochs, world_size=self.world_size,
-                                       batch_size=self.base_batch)
+                                       batch_size=t.batch_size)
         self.optimizer = build_optimizer(self.optim, self.params, lr=self.epoch_lr(0))
         # Stop requests are agreed on the CPU (gloo), so NCCL runs pay no GPU sync for them.
-        self._control_group = None
-        if _distributed():
-            self._control_group = (dist.new_group(backend="gloo")
-                                   if dist.get_backend() != "gloo" else dist.group.WORLD)
+        self._control_group = None if not _distributed() else (
+            dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo"))
         self.start_epoch = 0
         self.config_change = cfg.get("_config_change") or {}
         self.wandb_id = None
@@ -124,16 +112,14 @@ class Trainer:
 
     # ----------------------------------------------------------------------------------- set-up
     def _broadcast_model(self) -> None:
-        if not _distributed():
-            return
-        with torch.no_grad():
-            for tensor in list(self.model.parameters()) + list(self.model.buffers()):
-                dist.broadcast(tensor.data, src=0)
+        if _distributed():
+            with torch.no_grad():
+                for tensor in list(self.model.parameters()) + list(self.model.buffers()):
+                    dist.broadcast(tensor.data, src=0)
 
     def _resume(self) -> None:
-        if self.settings.resume != "auto":
-            return
-        loaded = checkpoint.load(self.run_dir, self.rank, self.world_size)
+        loaded = (checkpoint.load(self.run_dir, self.rank, self.world_size)
+                  if self.settings.resume == "auto" else None)
         if loaded is None:
             return
         shared, mine = loaded
@@ -147,40 +133,33 @@ class Trainer:
         self.wandb_id = shared.get("wandb_id")
         self.totals = shared["totals"]
         self.reducer.load_state_dict(mine["reducer"])
-        if "task" in mine and hasattr(self.task, "load_state_dict"):
-            self.task.load_state_dict(mine["task"])
         checkpoint.set_rng_state(mine["rng"])
 
     def _save(self, epoch: int) -> None:
         shared = None
         if self.rank == 0:
-            shared = {
-                "epoch": epoch, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "schedule": self.schedule.state_dict(),
-                "detector": self.detector.state_dict() if self.detector is not None else None,
-                "plan": self.plan, "wandb_id": self.logger.wandb_id,
-                "totals": self.totals,
-            }
+            shared = {"epoch": epoch, "model": self.model.state_dict(),
+                      "optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict(),
+                      "detector": self.detector.state_dict() if self.detector is not None else None,
+                      "plan": self.plan, "wandb_id": self.logger.wandb_id, "totals": self.totals}
         checkpoint.save(self.run_dir, shared, {"reducer": self.reducer.state_dict(),
                                                "rng": checkpoint.rng_state()})
 
     # ------------------------------------------------------------------------------- the loop
     def fit(self) -> None:
         t = self.settings
-        epochs = t.epochs
         self.logger.update_summary(
-            status="running", num_params=self.num_params, world_size=self.world_size,
+            status="running", num_params=count_parameters(self.model), world_size=self.world_size,
             model=self.cfg["model"]["name"], dataset=self.cfg["dataset"]["name"],
             data=self.bundle.description, scale=self.cfg["scale"]["name"], metric=self.task.metric)
         if self.config_change:
-            changes = list(self.logger.summary.get("config_changes", []))
-            changes.append({"from_epoch": self.start_epoch, "delta": self.config_change})
-            self.logger.update_summary(config_changes=changes)
+            change = {"from_epoch": self.start_epoch, "delta": self.config_change}
+            self.logger.update_summary(config_changes=[*self.logger.summary.get("config_changes", []), change])
             if self.rank == 0:
                 log.warning("continuing %s with a changed config from epoch %d: %s", self.run_dir,
                             self.start_epoch, self.config_change)
         try:
-            for epoch in range(self.start_epoch, epochs):
+            for epoch in range(self.start_epoch, t.epochs):
                 record = self._train_epoch(epoch)
                 if self.config_change:
                     record["config_change"] = self.config_change
@@ -190,7 +169,7 @@ class Trainer:
                 record.update(self._end_epoch(epoch))
                 if self.rank == 0:  # only rank 0 evaluated
                     self.logger.log_epoch(record)
-                    log.info(self._epoch_line(record, epochs))
+                    log.info(self._epoch_line(record, t.epochs))
                     metric = self.task.metric
                     self.logger.update_summary(
                         epochs_completed=epoch + 1, **{f"final_{metric}": record[metric]},
@@ -198,32 +177,30 @@ class Trainer:
                         total_bytes_sent=self.totals["bytes"], total_train_time_s=self.totals["train_time_s"])
                 if t.checkpoint:
                     self._save(epoch)
-                if t.stop_after_epoch is not None and epoch >= t.stop_after_epoch and epoch + 1 < epochs:
+                if t.stop_after_epoch is not None and epoch >= t.stop_after_epoch and epoch + 1 < t.epochs:
                     self.logger.update_summary(status="stopped")
-                    self.logger.close()
                     return
         except _StopRequested as request:
-            name = signal.Signals(request.signum).name
-            where = (f"{name} during epoch {request.epoch} (after step {request.step}); resumes "
-                     f"from epoch {request.epoch}")
-            self.logger.update_summary(status="stopped", stopped=where, stop_signal=int(request.signum))
-            self.logger.close()
-            return
+            signum, epoch, step = request.args
+            where = (f"{signal.Signals(signum).name} during epoch {epoch} (after step {step}); "
+                     f"resumes from epoch {epoch}")
+            self.logger.update_summary(status="stopped", stopped=where, stop_signal=int(signum))
         except BaseException as exc:
             cause = str(exc) if isinstance(exc, TrainingDiverged) else f"{type(exc).__name__}: {exc}"
             self.logger.update_summary(status="failed", error=f"rank {self.rank}: {cause}")
-            self.logger.close()
             raise
-        self.logger.forget("stopped", "stop_signal")
-        self.logger.update_summary(status="completed")
-        self.logger.close()
+        else:
+            for key in ("stopped", "stop_signal"):  # a stop that this resume got past
+                self.logger.summary.pop(key, None)
+            self.logger.update_summary(status="completed")
+        finally:
+            self.logger.close()
 
-    def _stop_requested(self) -> int:
-        """The stop signal if any rank got one (all ranks see the same answer), else 0."""
-        signum = stop.requested()
+    def _max_over_ranks(self, value: int) -> int:
+        """The largest of the ranks' values (a stop signal, a divergence flag), the same on all."""
         if self._control_group is None:
-            return signum
-        flag = torch.tensor([signum], dtype=torch.int64)
+            return value
+        flag = torch.tensor([value], dtype=torch.int64)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._control_group)
         return int(flag.item())
 
@@ -235,16 +212,12 @@ class Trainer:
         """
         if self.settings.nan_policy != "stop":
             return
-        bad = torch.tensor([0.0 if math.isfinite(train_loss) else 1.0])
-        if self._control_group is not None:  # every rank stops in the same epoch
-            dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=self._control_group)
-        if not bad.item():
+        if not self._max_over_ranks(0 if math.isfinite(train_loss) else 1):  # all stop alike
             return
         nonfinite = (~torch.isfinite(step_losses)).nonzero()
-        if len(nonfinite):
+        if len(nonfinite):  # a float prints as nan, inf or -inf
             step = int(nonfinite[0])
-            value = step_losses[step].item()
-            where = f"step {step} (loss {'nan' if math.isnan(value) else 'inf' if value > 0 else '-inf'})"
+            where = f"step {step} (loss {step_losses[step].item()})"
         else:
             where = "on another rank"
         raise TrainingDiverged(f"training diverged at epoch {epoch} {where}; "
@@ -269,11 +242,12 @@ class Trainer:
 
     def _train_epoch(self, epoch: int) -> dict:
         t = self.settings
-        global_batch = self.plan.global_batch or self.base_batch * self.world_size
+        global_batch = self.plan.global_batch or t.batch_size * self.world_size
         per_worker = global_batch // self.world_size
         micro, accum = self._micro_batches(per_worker)
         lr = self.epoch_lr(epoch) * self.plan.lr_scale
-        set_lr(self.optimizer, lr)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.model.train()
         self.task.start_epoch(self.model, micro)
 
@@ -284,18 +258,17 @@ class Trainer:
         bar = tqdm(total=steps_total, desc=f"epoch {epoch}", disable=not (show and self.rank == 0),
                    leave=False, dynamic_ncols=True)
         comm = CommStats()  # this epoch's traffic, summed over its steps
-        # Losses stay on the device: one host sync per epoch, not per step.
+        # Losses stay on the device: one host sync per epoch, not per step. Every step's loss is
+        # kept so that only a diverged epoch is searched for its step.
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        step_losses = torch.zeros(steps_total, dtype=torch.float64, device=self.device)
         steps = 0
         compute_s = comm_s = 0.0
         _sync(self.device)
         epoch_start = time.perf_counter()
         batches = iter(self.task.train_batches(epoch, micro))
-        # Every step's loss stays on the device; only a diverged epoch is searched for its step.
-        step_losses = torch.zeros(steps_total, dtype=torch.float64, device=self.device)
         while steps < steps_total:
-            signum = self._stop_requested()
-            if signum:
+            if signum := self._max_over_ranks(stop.requested()):  # all ranks stop after one step
                 bar.close()
                 raise _StopRequested(signum, epoch, steps)
             (step_loss, grads), local_s = self._timed(self._local_gradient, batches, accum)
@@ -319,14 +292,12 @@ class Trainer:
         self.totals["floats"] += comm.floats_sent
         self.totals["bytes"] += comm.bytes_sent
         self.totals["train_time_s"] += epoch_time
-        return {
-            "epoch": epoch, "lr": lr, "train_loss": train_loss, "steps": steps,
-            "batch_size": global_batch, "global_batch": global_batch, "micro_batch": micro,
-            "accumulation": accum, "floats_sent": comm.floats_sent, "bytes_sent": comm.bytes_sent,
-            "collectives": comm.collectives, "allgather_bytes_sent": comm.allgather_bytes,
-            "allgathers": comm.allgathers, "epoch_time_s": epoch_time, "compute_time_s": compute_s,
-            "comm_time_s": comm_s,
-        }
+        return {"epoch": epoch, "lr": lr, "train_loss": train_loss, "steps": steps,
+                "batch_size": global_batch, "global_batch": global_batch, "micro_batch": micro,
+                "accumulation": accum, "floats_sent": comm.floats_sent, "bytes_sent": comm.bytes_sent,
+                "collectives": comm.collectives, "allgather_bytes_sent": comm.allgather_bytes,
+                "allgathers": comm.allgathers, "epoch_time_s": epoch_time,
+                "compute_time_s": compute_s, "comm_time_s": comm_s}
 
     def _timed(self, work, *args):
         """work(*args) and its seconds, the device synchronised before the clock stops."""
@@ -373,13 +344,11 @@ class Trainer:
         The record describes the epoch just trained (its levels, batch and LR scale) and the
         decision taken at its end (how many layers are critical, the detector's norms).
         """
-        info: dict = {}
-        decision = None
+        info, decision = {}, None
         if self.rank == 0:
             used = self.schedule.info()
-            critical = None
-            if self.detector is not None:
-                critical = self.detector.end_epoch(epoch, self.epoch_lr(epoch), self.epoch_lr(epoch + 1))
+            critical = (self.detector.end_epoch(epoch, self.epoch_lr(epoch), self.epoch_lr(epoch + 1))
+                        if self.detector is not None else None)
             decision = self.schedule.on_epoch_end(epoch, critical)
             decided = self.schedule.info()
             info = {key: used[key] for key in ("levels", "layer_levels", "lr_scale")}
