@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from accordion_repro.engine.settings import Settings, option
-from accordion_repro.options import Options
+from accordion_repro.options import Options, Settings, option
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from numbers import Integral, Real
+from typing import ClassVar
 
 from .errors import ConfigError
 
@@ -105,6 +106,31 @@ class Options:
         if value not in choices:
             raise self.error(option, f"must be one of {', '.join(map(str, choices))}; got {value!r}")
         return value
+
+
+def option(read, *args, default=dataclasses.MISSING, **kwargs):
+    """A settings field read by `read(options, name, *args, **kwargs)` (an Options method);
+    `default`, when given, is the option's one default."""
+    return dataclasses.field(default=default,
+                             metadata={"read": lambda o, name: read(o, name, *args, **kwargs)})
+
+
+class Settings:
+    """Base of a frozen dataclass of `option` fields: the options of config node SECTION."""
+
+    SECTION: ClassVar[str]
+
+    @classmethod
+    def from_config(cls, node: Mapping, owner: str | None = None):
+        """Read `node`; with `owner`, options the class does not have are refused first."""
+        o = Options(cls.SECTION, node, cls)
+        if owner is not None:
+            o.reject_unknown([f.name for f in dataclasses.fields(cls)], owner)
+        return cls.read(o)
+
+    @classmethod
+    def read(cls, o: Options):
+        return cls(**{f.name: f.metadata["read"](o, f.name) for f in dataclasses.fields(cls)})
 
 
 def as_epoch(value, key: str, total_epochs: int | None) -> int:

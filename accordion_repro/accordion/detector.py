@@ -16,30 +16,25 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from ..options import Options
+from ..options import Options, Settings, option
 
 STATISTICS = ("mean", "sum")
 GRANULARITIES = ("layer", "model", "layer+model")
 
 
 @dataclass(frozen=True)
-class DetectorSettings:
+class DetectorSettings(Settings):
     """The detector's options, as every detector-driven schedule takes them (`schedule.*`).
 
     The defaults are the paper's (facts section 2); conf/ repeats none of them. `interval` is 10
     for CIFAR and 5 for the LSTM in the paper: conf ties it to `scale.detector_interval`.
     """
 
-    eta: float = 0.5            # critical when |prev - cur| / prev >= eta
-    interval: int = 10          # epochs between checks
-    lr_decay_rule: bool = True  # every unit critical when the next epoch's LR is lower
-    statistic: str = "mean"     # norm of the epoch's mean step gradient, or of the official sum
-
-    @classmethod
-    def read(cls, options: Options) -> DetectorSettings:
-        return cls(eta=options.number("eta"), interval=options.integer("interval"),
-                   lr_decay_rule=options.flag("lr_decay_rule"),
-                   statistic=options.choice("statistic", STATISTICS))
+    SECTION = "schedule"
+    eta: float = option(Options.number, default=0.5)  # critical when |prev - cur| / prev >= eta
+    interval: int = option(Options.integer, default=10)  # epochs between checks
+    lr_decay_rule: bool = option(Options.flag, default=True)  # all critical before an LR decay
+    statistic: str = option(Options.choice, STATISTICS, default="mean")  # mean step grad, or sum
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -64,9 +59,7 @@ class CriticalRegimeDetector:
             raise ValueError(f"num_layers must be >= 0, got {num_layers}")
         if granularity not in GRANULARITIES:
             raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
-        reader = Options("schedule", settings, DetectorSettings)
-        reader.reject_unknown(DetectorSettings.names(), "the detector")
-        s = DetectorSettings.read(reader)
+        s = DetectorSettings.from_config(settings, owner="the detector")
         self.num_layers = int(num_layers)
         self.eta, self.interval = s.eta, s.interval
         self.lr_decay_rule, self.statistic = s.lr_decay_rule, s.statistic

@@ -9,54 +9,43 @@ here: conf/ gives it, and a caller of build_reducer must.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import ClassVar
 
 from ..errors import ConfigError
-from ..options import Options, is_int, is_real
+from ..options import Options, Settings, is_int, is_real, option
+
+
+def _level(kind: type):
+    """The reader of a compressor's level option (`rank` or `ratio`)."""
+    return lambda options, name: check_level(kind, options.get(name), options.key(name))
 
 
 @dataclass(frozen=True)
-class DenseSettings:
+class DenseSettings(Settings):
     """Plain all-reduce: no options, no levels."""
 
+    SECTION = "compressor"
     LEVEL: ClassVar[tuple] = (None, None)
 
-    @classmethod
-    def read(cls, options: Options) -> DenseSettings:
-        return cls()
-
 
 @dataclass(frozen=True)
-class PowerSGDSettings:
-    rank: int                    # per-layer rank unless a schedule sets levels
-    error_feedback: bool = True  # compress M = grad + memory, memory = M - output
-    warm_start: bool = True      # reuse the averaged Q of the previous step
-    seed: int = 0                # seeds the random Q's (conf ties it to the run's seed)
-
+class PowerSGDSettings(Settings):
+    SECTION = "compressor"
     LEVEL: ClassVar[tuple] = ("rank", int)
-
-    @classmethod
-    def read(cls, options: Options) -> PowerSGDSettings:
-        return cls(rank=check_level(int, options.get("rank"), options.key("rank")),
-                   error_feedback=options.flag("error_feedback"),
-                   warm_start=options.flag("warm_start"),
-                   seed=options.integer("seed", minimum=0))
+    rank: int = option(_level(int))  # per-layer rank unless a schedule sets levels
+    error_feedback: bool = option(Options.flag, default=True)  # M = grad + memory, memory = M - out
+    warm_start: bool = option(Options.flag, default=True)  # reuse the previous step's averaged Q
+    seed: int = option(Options.integer, minimum=0, default=0)  # seeds the random Q's (conf: ${seed})
 
 
 @dataclass(frozen=True)
-class TopKSettings:
-    ratio: float                 # kept fraction of each layer, in (0, 1]
-    error_feedback: bool = True  # memory = M - what this worker sent
-    official_topk: bool = False  # the released code: sum without dividing, no memory
-
+class TopKSettings(Settings):
+    SECTION = "compressor"
     LEVEL: ClassVar[tuple] = ("ratio", float)
-
-    @classmethod
-    def read(cls, options: Options) -> TopKSettings:
-        return cls(ratio=check_level(float, options.get("ratio"), options.key("ratio")),
-                   error_feedback=options.flag("error_feedback"),
-                   official_topk=options.flag("official_topk"))
+    ratio: float = option(_level(float))  # kept fraction of each layer, in (0, 1]
+    error_feedback: bool = option(Options.flag, default=True)  # memory = M - what was sent
+    official_topk: bool = option(Options.flag, default=False)  # the released code: sum, no memory
 
 
 SETTINGS: dict[str, type] = {"none": DenseSettings, "powersgd": PowerSGDSettings,
@@ -72,10 +61,7 @@ def _settings_class(name) -> type:
 
 def validate_compressor(name: str, options: Mapping):
     """The compressor's settings; ConfigError naming the key for an unknown name, option or value."""
-    cls = _settings_class(name)
-    reader = Options("compressor", options, cls)
-    reader.reject_unknown([f.name for f in fields(cls)], f"compressor {name!r}")
-    return cls.read(reader)
+    return _settings_class(name).from_config(options, owner=f"compressor {name!r}")
 
 
 def level_kind(name: str) -> type | None:

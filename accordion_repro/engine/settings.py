@@ -7,27 +7,9 @@ composed config, so conf/ holds every default and these dataclasses none. A fiel
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import ClassVar
+from dataclasses import dataclass
 
-from accordion_repro.options import Options
-
-
-def option(read, *args, **kwargs):
-    """A required field, read by `read(options, name, *args, **kwargs)` (an Options method)."""
-    return field(metadata={"read": lambda o, name: read(o, name, *args, **kwargs)})
-
-
-class Settings:
-    """A frozen dataclass of `option` fields, the options of config node `SECTION`."""
-
-    SECTION: ClassVar[str]
-
-    @classmethod
-    def from_config(cls, node: Mapping):
-        o = Options(cls.SECTION, node)
-        return cls(**{f.name: f.metadata["read"](o, f.name) for f in fields(cls)})
+from accordion_repro.options import Options, Settings, option
 
 
 @dataclass(frozen=True)
