@@ -109,9 +109,8 @@ def validate(cfg: DictConfig) -> None:
         key = getattr(exc, "full_key", None) or "config"
         raise ConfigError(str(key), f"cannot be resolved: {exc.msg if hasattr(exc, 'msg') else exc}") from None
 
-    from accordion_repro.dist_settings import DistSettings
     from accordion_repro.engine.lr import build_epoch_lr
-    from accordion_repro.engine.settings import TrainerSettings
+    from accordion_repro.engine.settings import DistSettings, TrainerSettings
     from accordion_repro.options import Options
 
     t = TrainerSettings.from_config(c["trainer"])

@@ -15,6 +15,8 @@ own loop (engine/trainer.py; docs/compressors.md says why that loop stays separa
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
@@ -48,7 +50,7 @@ class Accordion:
             raise ValueError(f"Accordion adapts a compression level; compressor {compressor!r} "
                              "has none (use powersgd or topk)")
         group = ddp_model.process_group
-        detector = {name: options.pop(name) for name in DetectorSettings.names() if name in options}
+        detector = {f.name: options.pop(f.name) for f in fields(DetectorSettings) if f.name in options}
         options = {option: low, **options}
         self.state = AccordionHookState(ddp_model.module, compressor, group=group,
                                         async_op=async_op, check_levels=check_levels, **options)

@@ -40,9 +40,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from accordion_repro.dist_settings import DistSettings
 from accordion_repro.engine import stop
-from accordion_repro.engine.settings import TrainerSettings
+from accordion_repro.engine.settings import DistSettings, TrainerSettings
 from accordion_repro.env import env_rank, env_world_size, slurm_env
 from accordion_repro.errors import TrainingDiverged
 from accordion_repro.runlog import read_summary, write_summary

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from accordion_repro.dist_settings import DistSettings
-from accordion_repro.engine.settings import OptimSettings, TrainerSettings
+from accordion_repro.engine.settings import DistSettings, OptimSettings, TrainerSettings
 from accordion_repro.errors import ConfigError
 from conftest import CONF_DIR
 

@@ -1,10 +1,9 @@
 """The critical-regime detector and the schedules built on it (docs/schedules.md)."""
 
 from .detector import CriticalRegimeDetector, DetectorSettings
-from .factory import SCHEDULE_NAMES, SCHEDULES, build_schedule, validate_schedule
-from .plan import Plan, compact_levels
-from .schedules import (AccordionSchedule, BatchAccordionSchedule, JointSchedule,
-                        RegimeWindowsSchedule, Schedule, StaticSchedule)
+from .schedules import (SCHEDULE_NAMES, SCHEDULES, AccordionSchedule, BatchAccordionSchedule,
+                        JointSchedule, Plan, RegimeWindowsSchedule, Schedule, StaticSchedule,
+                        build_schedule, compact_levels, validate_schedule)
 
 __all__ = [
     "CriticalRegimeDetector", "Plan", "compact_levels", "Schedule", "StaticSchedule",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
@@ -35,10 +35,6 @@ class DetectorSettings(Settings):
     interval: int = option(Options.integer, default=10)  # epochs between checks
     lr_decay_rule: bool = option(Options.flag, default=True)  # all critical before an LR decay
     statistic: str = option(Options.choice, STATISTICS, default="mean")  # mean step grad, or sum
-
-    @classmethod
-    def names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
 
 
 class CriticalRegimeDetector:

@@ -10,20 +10,53 @@ schedule is built from it, so that validation and construction cannot drift.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 
-from ..comm.config import check_level
+from ..comm.config import check_level, level_kind
 from ..errors import ConfigError
 from ..options import Options, as_epoch
 from .detector import CriticalRegimeDetector, DetectorSettings
-from .plan import Plan, compact_levels
 
 # How per-layer flags become the one model-wide decision a batch size needs.
 BATCH_DECISIONS = ("model_norm", "any", "majority")
 BATCH_MODES = ("detector", "fixed_epoch")
 # The LR multiplier at global batch B, from B / B_low (the scheduled LR is the one for B_low).
 LR_SCALINGS = {"linear": lambda ratio: ratio, "sqrt": math.sqrt, "none": lambda ratio: 1.0}
+
+
+# ---- what a schedule tells the engine, and the compact form of levels for metrics -----------
+@dataclass
+class Plan:
+    """What holds from the next epoch on (or from epoch 0 for the initial plan)."""
+
+    levels: list | None         # per compressible layer (rank: int, ratio: float); None = default
+    global_batch: int | None    # None = the trainer's own global batch
+    lr_scale: float = 1.0       # multiplies the scheduled LR
+
+    def to_dict(self) -> dict:
+        """Plain, JSON- and broadcast-ready form (lists copied, so the plan cannot be aliased)."""
+        return {"levels": None if self.levels is None else list(self.levels),
+                "global_batch": self.global_batch, "lr_scale": float(self.lr_scale)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Plan:
+        levels = data["levels"]
+        return cls(levels=None if levels is None else list(levels),
+                   global_batch=data["global_batch"], lr_scale=float(data["lr_scale"]))
+
+
+def level_key(level) -> str:
+    """How one level is spelled as a JSON key: 2 -> "2", 0.99 -> "0.99", None -> "none"."""
+    return "none" if level is None else str(level)
+
+
+def compact_levels(levels: Sequence) -> dict[str, int]:
+    """How many layers sit at each level, most communication first: {"2": 20, "1": 1}."""
+    counts = Counter(levels)
+    ordered = sorted(counts, key=lambda lv: (lv is None, -(lv if lv is not None else 0)))
+    return {level_key(lv): counts[lv] for lv in ordered}
 
 
 @dataclass(frozen=True)
@@ -198,7 +231,7 @@ class _DetectorDriven(Schedule):
         return True
 
     def make_detector(self) -> CriticalRegimeDetector:
-        detector = {name: getattr(self.settings, name) for name in DetectorSettings.names()}
+        detector = {f.name: getattr(self.settings, f.name) for f in fields(DetectorSettings)}
         return CriticalRegimeDetector(self.num_layers, granularity=self.granularity, **detector)
 
     def _expect_flags(self, critical: Sequence[bool] | None) -> list[bool]:
@@ -455,3 +488,52 @@ def _parse_windows(windows, total_epochs: int | None) -> list[tuple[int, int]]:
                                         f"({total_epochs - 1}); give it as a fraction to scale")
         parsed.append((start, end))
     return parsed
+
+
+# ---- the config-facing entry points of accordion/ -------------------------------------------
+SCHEDULES: dict[str, type[Schedule]] = {
+    cls.name: cls for cls in (StaticSchedule, AccordionSchedule, BatchAccordionSchedule,
+                              JointSchedule, RegimeWindowsSchedule)
+}
+SCHEDULE_NAMES = tuple(SCHEDULES)
+
+
+def _parse(name, options: Mapping, compressor: str, world_size: int,
+           total_epochs: int | None) -> tuple[type[Schedule], object]:
+    if name not in SCHEDULES:
+        raise ConfigError("schedule.name",
+                          f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
+    cls = SCHEDULES[name]
+    options = dict(options)
+    if options.pop("name", name) != name:
+        raise ConfigError("schedule.name", f"two names given: {name!r} and options['name']")
+    reader = Options("schedule", options, cls.Settings)
+    reader.reject_unknown(cls.options(), f"schedule {name!r}")
+    # The compressor's kind of level comes from comm/, the one table of compressors.
+    context = ScheduleContext(compressor, level_kind(compressor), world_size, total_epochs)
+    return cls, cls.parse(reader, context)
+
+
+def validate_schedule(name, options: Mapping, /, *, compressor: str, default_level=None,
+                      base_global_batch: int, world_size: int,
+                      total_epochs: int | None = None):
+    """The schedule's checked Settings; ConfigError naming `schedule.<key>` for anything
+    build_schedule would refuse.
+
+    `options` is the schedule config node (its `name` key, if present, is ignored).
+    `total_epochs` is needed only when an epoch is given as a fraction.
+    """
+    return _parse(name, options, compressor, world_size, total_epochs)[1]
+
+
+def build_schedule(name: str, /, *, num_layers: int, compressor: str, default_level,
+                   base_global_batch: int, world_size: int, total_epochs: int | None = None,
+                   **options) -> Schedule:
+    """A ready schedule; the engine gets its detector from `schedule.make_detector()`.
+
+    `options` may be the whole schedule config node, `name` included (`**cfg.schedule`).
+    `default_level` is the compressor's own level, reported for layers no plan sets.
+    """
+    cls, settings = _parse(name, options, compressor, world_size, total_epochs)
+    return cls(num_layers, settings, default_level=default_level,
+               base_global_batch=base_global_batch)

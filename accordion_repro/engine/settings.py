@@ -1,4 +1,4 @@
-"""The trainer's and the optimiser's options, read once through `Options` (no torch at import).
+"""The trainer's, the optimiser's and the launcher's options, read once (no torch at import).
 
 Each field names the Options reader that checks it. The trainer is only ever driven through a
 composed config, so conf/ holds every default and these dataclasses none. A field read with
@@ -55,3 +55,13 @@ class OptimSettings(Settings):
     decay_at: list | None = option(Options.get)  # epochs, or fractions of the run
     official_off_by_one: bool = option(Options.get)
     official_decay_compare: list | None = option(Options.get, None)  # absent: '>' at every decay
+
+
+@dataclass(frozen=True)
+class DistSettings(Settings):
+    SECTION = "dist"
+    nproc_per_node: int = option(Options.integer)  # ranks to start when not under torchrun / Slurm
+    backend: str = option(Options.choice, ("auto", "gloo", "nccl"))
+    launcher: str = option(Options.choice, ("auto", "spawn", "env"))
+    master_addr: str = option(Options.get)
+    timeout_s: int = option(Options.get)
