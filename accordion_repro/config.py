@@ -131,8 +131,8 @@ def validate(cfg: DictConfig) -> None:
     sched = dict(c["schedule"])
     sched_name = sched.pop("name")
     base = t.batch_size * world
-    settings = validate_schedule(sched_name, sched, compressor=comp_name, base_global_batch=base,
-                                 world_size=world, total_epochs=t.epochs)
+    settings = validate_schedule(sched_name, sched, compressor=comp_name, world_size=world,
+                                 total_epochs=t.epochs)
     # The batch schedules scale the LR from B_low, so B_low must be the batch the LR is set for.
     b_low = SCHEDULES[sched_name].batch_low_option
     if b_low is not None:

@@ -22,6 +22,14 @@ def make(name, /, num_layers=3, run=None, **options):
     return build_schedule(name, num_layers=num_layers, **{**RUN, **(run or {})}, **options)
 
 
+def check(name, options, run=None):
+    """validate_schedule with RUN's arguments it takes (not the level and batch, which only
+    build_schedule needs)."""
+    run = {k: v for k, v in {**RUN, **(run or {})}.items()
+           if k not in ("default_level", "base_global_batch")}
+    return validate_schedule(name, options, **run)
+
+
 def conf(name, *overrides) -> dict:
     """The schedule node as a run composes it (its interval comes from the scale)."""
     from conftest import compose_cfg
@@ -215,7 +223,7 @@ BATCH = dict(low=512, high=4096, lr_scaling="linear", mode="detector", switch_ep
 ])
 def test_invalid_settings_name_the_key(name, run, options, key):
     with pytest.raises(ConfigError) as caught:
-        validate_schedule(name, options, **{**RUN, **run})
+        check(name, options, run)
     assert caught.value.key == key
     assert str(caught.value).startswith(key)
     with pytest.raises(ConfigError):
@@ -223,7 +231,7 @@ def test_invalid_settings_name_the_key(name, run, options, key):
 
 
 def test_equal_low_and_high_are_allowed_and_topk_accepts_an_integer_one():
-    validate_schedule("accordion", {**ACCORDION, "low": 2, "high": 2}, **RUN)
+    check("accordion", {**ACCORDION, "low": 2, "high": 2})
     schedule = make("accordion", run={"compressor": "topk"}, **{**ACCORDION, "low": 1,
                                                                  "high": 0.5})
     assert schedule.initial_plan().levels == [1.0, 1.0, 1.0]
@@ -231,8 +239,7 @@ def test_equal_low_and_high_are_allowed_and_topk_accepts_an_integer_one():
 
 
 def test_batch_schedules_work_without_a_compressor():
-    validate_schedule("batch_accordion", BATCH, **{**RUN, "compressor": "none",
-                                                    "default_level": None})
+    check("batch_accordion", BATCH, {"compressor": "none"})
     info = make("batch_accordion", run={"compressor": "none", "default_level": None},
                 **BATCH).info()
     assert info["levels"] == {"none": 3} and info["global_batch"] == 512
@@ -243,7 +250,7 @@ def test_conf_defaults_are_valid_and_name_comes_first(name):
     text = (CONF / f"{name}.yaml").read_text().splitlines()
     assert [line for line in text if line and not line.startswith("#")][0] == f"name: {name}"
     options = conf(name)
-    validate_schedule(name, options, **RUN, total_epochs=300)
+    check(name, options, {"total_epochs": 300})
     schedule = make(name, run={"total_epochs": 300}, **options)
     json.dumps(schedule.info())
 

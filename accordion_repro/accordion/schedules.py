@@ -514,8 +514,7 @@ def _parse(name, options: Mapping, compressor: str, world_size: int,
     return cls, cls.parse(reader, context)
 
 
-def validate_schedule(name, options: Mapping, /, *, compressor: str, default_level=None,
-                      base_global_batch: int, world_size: int,
+def validate_schedule(name, options: Mapping, /, *, compressor: str, world_size: int,
                       total_epochs: int | None = None):
     """The schedule's checked Settings; ConfigError naming `schedule.<key>` for anything
     build_schedule would refuse.
