@@ -52,8 +52,10 @@ LSTM_PRESETS = ["table3/lstm_topk_static_low", "table3/lstm_topk_static_high", "
 # every seed first, then the rest (one seed, as the budget allows). Figure 2(a)'s trace is the
 # Table 1 Accordion run's detector log (same config), so it is not run twice.
 FULL_CORE = CIFAR_PRESETS[:7] + ["fig2/resnet18_high_inside", "fig2/resnet18_high_outside"]
-# Figure 10's B_low curve is Table 1's dense run (analysis/layout.py TWINS), so it is not run twice.
-FULL_EXTRA = CIFAR_PRESETS[7:10] + [
+# Table 5's and Figure 10's ResNet-18 B_low cell is Table 1's dense run (analysis/layout.py TWINS),
+# so it is not run again.
+FULL_EXTRA = [
+    "table5/resnet18_batch_accordion", "table5/resnet18_batch_static_high",
     "fig10/resnet18_static_high", "fig10/resnet18_accordion",
     "fig9/vgg19bn_rank4", "fig9/vgg19bn_rank2", "fig9/vgg19bn_rank1",
     "fig9/vgg19bn_accordion_4_1", "fig9/vgg19bn_accordion_4_2",

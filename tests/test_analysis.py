@@ -561,7 +561,7 @@ def test_figure2_draws_table1_runs_of_the_same_config_where_it_has_none(tmp_path
     write_run(runs, "fig2/static_high", table=None, figure="fig2", method="static_high", rank=1)
     frame = collect_runs(runs).frame
     own = frame[frame["run.figure"] == "fig2"]
-    merged = _with_twins(frame, own, "fig2")
+    merged = _with_twins(frame, own, "run.figure", "fig2", FIGURES["fig2"].cells)
     twins = merged[merged["twin_of"].notna()]
     assert set(twins["twin_of"]) == {"table1/resnet18_powersgd_accordion"}
     assert set(twins["run.figure"]) == {"fig2"} and set(twins["run.method"]) == {"accordion"}
@@ -572,21 +572,50 @@ def test_figure2_draws_table1_runs_of_the_same_config_where_it_has_none(tmp_path
     write_run(runs, "cpu_full/table1/accordion", method="accordion", scale="cpu_full",
               preset="table1/resnet18_powersgd_accordion")
     frame = collect_runs(runs).frame
-    merged = _with_twins(frame, frame[frame["run.figure"] == "fig2"], "fig2")
+    merged = _with_twins(frame, frame[frame["run.figure"] == "fig2"], "run.figure", "fig2",
+                         FIGURES["fig2"].cells)
     assert set(merged["scale.name"]) == {"cpu"}
 
 
-@pytest.mark.parametrize("figure_id,method", [(f, m) for f, twins in TWINS.items() for m in twins],
-                         ids=lambda v: str(v))
+def test_table5_shows_table1_dense_run_as_its_b_low_row_and_says_so(tmp_path):
+    """Table 5's ResNet-18 B_low cell is Table 1's dense configuration: at a scale where Table 5
+    has runs of its own, the dense run fills that row (named under the table); at a scale where
+    it has none, Table 5 stays empty; a run of the cell's own preset wins over the twin."""
+    runs = tmp_path / "runs"
+    write_run(runs, "cpu/table1/dense", method="dense", label="Dense (no compression)",
+              compressor="none", accs=(50.0, 71.5), preset="table1/resnet18_powersgd_dense")
+    write_run(runs, "cpu_full/table1/dense", method="dense", label="Dense (no compression)",
+              compressor="none", scale="cpu_full", accs=(50.0, 80.5),
+              preset="table1/resnet18_powersgd_dense")
+    write_run(runs, "cpu/table5/accordion", table="table5", method="accordion", compressor="none",
+              label="Accordion 512<->4096", accs=(40.0, 66.25), global_batch=(128, 1024),
+              schedule={"name": "batch_accordion", "low": 128, "high": 1024})
+    quiet_build(runs, tmp_path / "out")
+    text = (tmp_path / "out" / "tables" / "table5.md").read_text()
+    cpu = text.split("(scale cpu,", 1)[1].split("## ", 1)[0]
+    low = next(line for line in cpu.splitlines() if line.startswith("| resnet18 | B 256"))
+    assert "| 71.50 | 1 |" in low
+    assert "the runs of `table1/resnet18_powersgd_dense`, the same configuration as " \
+           "`table5/resnet18_batch_static_low`" in cpu
+    assert "scale cpu_full" not in text and "80.50" not in text
+    assert "table1/resnet18_powersgd_dense" in (tmp_path / "out" / "tables" / "table5.tex").read_text()
+    write_run(runs, "cpu/table5/static_low", table="table5", method="static_low",
+              compressor="none", accs=(50.0, 70.25), preset="table5/resnet18_batch_static_low")
+    quiet_build(runs, tmp_path / "out")
+    text = (tmp_path / "out" / "tables" / "table5.md").read_text()
+    assert "70.25" in text and "71.50" not in text and "TWINS" not in text
+
+
+@pytest.mark.parametrize("own", sorted(TWINS))
 @pytest.mark.parametrize("scale", ["paper", "cpu", "cpu_full"])
-def test_a_figure_cell_and_its_table_twin_are_one_configuration(figure_id, method, scale):
-    """A figure may draw a table's run in place of its own preset's only if the two presets
-    resolve to the same config at every scale, apart from the names."""
+def test_a_cell_and_its_twin_are_one_configuration(own, scale):
+    """A table or figure may show another table's run in place of its own preset's only if the
+    two presets resolve to the same config at every scale, apart from the names."""
     from omegaconf import OmegaConf
 
     from conftest import compose_cfg
 
-    own = next(c.preset for c in FIGURES[figure_id].cells if c.method == method)
+    assert own in all_presets()
 
     def resolved(preset):
         cfg = OmegaConf.to_container(compose_cfg([f"experiment={preset}", f"scale={scale}"]),
@@ -601,4 +630,4 @@ def test_a_figure_cell_and_its_table_twin_are_one_configuration(figure_id, metho
             trainer["max_micro_batch"] = None
         return cfg
 
-    assert resolved(own) == resolved(TWINS[figure_id][method])
+    assert resolved(own) == resolved(TWINS[own])

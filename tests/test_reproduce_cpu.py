@@ -33,3 +33,14 @@ def test_several_only_patterns_run_pattern_by_pattern_each_run_once():
     assert fig10 and fig9 and presets[:len(fig10) + len(fig9)] == fig10 + fig9
     assert len(presets) == len(set(presets)) == len(script.FULL_CORE) + len(script.FULL_EXTRA)
     assert script.run_order("cpu_full", [42], ["*"]) == script.run_order("cpu_full", [42], ["*", "*"])
+
+
+def test_the_whole_cifar_study_runs_each_configuration_once():
+    """A cell whose configuration another table's cell already runs (analysis/layout.py TWINS)
+    is not run again; the run standing in for it is one the study runs for every seed."""
+    from accordion_repro.analysis.layout import TWINS
+
+    script = _script()
+    presets = script.FULL_CORE + script.FULL_EXTRA
+    assert not set(presets) & set(TWINS)
+    assert set(TWINS.values()) <= set(script.FULL_CORE)

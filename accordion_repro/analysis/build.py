@@ -39,7 +39,7 @@ def build_all(runs_dir: str | Path = "results/runs", out_dir: str | Path = "resu
     runs = summarize_runs(frame, net=net, workers=workers)
     written: dict[str, list[Path]] = {}
     for table_id, spec in TABLES.items():
-        written[table_id] = write_table(spec, runs, out_dir / "tables", net)
+        written[table_id] = write_table(spec, _table_runs(runs, table_id), out_dir / "tables", net)
     if figures:
         written.update(_write_figures(frame, runs, out_dir / "figures"))
     return written
@@ -62,23 +62,34 @@ def _by_scale(frame: pd.DataFrame, figure_id: str) -> list[tuple[str, pd.DataFra
             for i, scale in enumerate(scales)] or [(figure_id, frame)]
 
 
-def _with_twins(frame: pd.DataFrame, own: pd.DataFrame, figure_id: str) -> pd.DataFrame:
-    """A figure's runs plus, at each scale where it has runs of its own, the table runs of
-    TWINS for the cells it has no run of; these keep their run directory and get `twin_of` =
-    their table preset. (A scale with only twins gets no figure: it would draw the table.)"""
+def _with_twins(frame: pd.DataFrame, own: pd.DataFrame, column: str, owner: str,
+                cells) -> pd.DataFrame:
+    """The runs of a table or figure (`own`: its rows of `frame`, where `column` == `owner`)
+    plus, at each scale where it has runs of its own, the runs of TWINS standing in for the
+    cells it has no run of; these keep their run directory and get `twin_of` = the preset that
+    was run. (A scale with only twins gets none: the table or figure would show another's.)"""
     if own.empty or "scale.name" not in own:
         return own
     scales = set(own["scale.name"])
     twins = []
-    for method, preset in TWINS.get(figure_id, {}).items():
-        have = set(own.loc[own["run.method"] == method, "scale.name"])
+    for cell in cells:
+        preset = TWINS.get(cell.preset)
+        if preset is None:
+            continue
+        mine = (own["run.method"] == cell.method) & (own["model.name"] == cell.model)
         rows = frame[_column_equals(frame, "run.name", preset)]
-        rows = rows[rows["scale.name"].isin(scales - have)].copy()
+        rows = rows[rows["scale.name"].isin(scales - set(own.loc[mine, "scale.name"]))].copy()
         if rows.empty:
             continue
-        rows["run.figure"], rows["run.method"], rows["twin_of"] = figure_id, method, preset
+        rows[column], rows["run.method"], rows["twin_of"] = owner, cell.method, preset
         twins.append(rows)
     return pd.concat([own, *twins], ignore_index=True) if twins else own
+
+
+def _table_runs(runs: pd.DataFrame, table_id: str) -> pd.DataFrame:
+    """summarize_runs() rows of one table, twins included."""
+    return _with_twins(runs, runs[runs["run.table"] == table_id], "run.table", table_id,
+                       TABLES[table_id].cells)
 
 
 def _write_figures(frame: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> dict[str, list[Path]]:
@@ -88,7 +99,8 @@ def _write_figures(frame: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> di
     for figure_id, builder in {"fig2": figures.figure2, "fig9": figures.figure9,
                                "fig10": figures.figure10}.items():
         own = frame[_column_equals(frame, "run.figure", figure_id)]
-        for name, figure_frame in _by_scale(_with_twins(frame, own, figure_id), figure_id):
+        merged = _with_twins(frame, own, "run.figure", figure_id, FIGURES[figure_id].cells)
+        for name, figure_frame in _by_scale(merged, figure_id):
             present = set(figure_frame["run.method"]) if not figure_frame.empty else set()
             missing = [cell for cell in FIGURES[figure_id].cells if cell.method not in present]
             if missing:
@@ -99,7 +111,7 @@ def _write_figures(frame: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> di
             if not figure_frame.empty:
                 written[name] = figures.write_figure(builder(figure_frame), out_dir, name)
     for table_id, spec in TABLES.items():
-        table_runs = runs[runs["run.table"] == table_id]
+        table_runs = _table_runs(runs, table_id)
         if table_runs.empty:
             continue
         table_frame = frame[frame["run_dir"].isin(table_runs["run_dir"])]

@@ -41,6 +41,7 @@ class Row:
     predicted_s: float | None    # mean cost-model training time
     predicted_speedup: float | None
     official: float | None       # official log's final metric for this cell
+    twin_of: str | None = None   # the preset whose runs stand in for this cell's (layout TWINS)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,11 @@ def cell_label(cell: Cell, cell_runs: pd.DataFrame) -> str:
     return f"{label} (paper: {cell.label})"
 
 
+def _twin_of(cell_runs: pd.DataFrame) -> str | None:
+    twins = sorted(set(cell_runs["twin_of"].dropna())) if "twin_of" in cell_runs else []
+    return ", ".join(twins) or None
+
+
 def _rows(section: Section, runs: pd.DataFrame) -> tuple[Row, ...]:
     stats = {}
     for cell in section.cells:
@@ -95,6 +101,7 @@ def _rows(section: Section, runs: pd.DataFrame) -> tuple[Row, ...]:
             floats_m=None if cell_runs.empty else _mean(cell_runs["total_floats"]) / 1e6,
             time_s=_mean(cell_runs["train_time_s"]),
             predicted_s=_mean(cell_runs["predicted_time_s"]),
+            twin_of=_twin_of(cell_runs),
         )
     rows = []
     for cell in section.cells:
@@ -217,6 +224,11 @@ def _notes(net: str) -> list[str]:
     ]
 
 
+def _twin_lines(block: Block) -> list[str]:
+    return [f"{row.label}: the runs of `{row.twin_of}`, the same configuration as "
+            f"`{row.cell.preset}` (analysis/layout.py TWINS)." for row in block.rows if row.twin_of]
+
+
 def _missing_lines(block: Block) -> list[str]:
     scale = block.scale or "paper"
     return [run_command(cell.preset, scale) for cell in block.missing]
@@ -231,6 +243,8 @@ def to_markdown(spec: TableSpec, blocks: list[Block], net: str, extra: list[str]
                   "|" + "|".join(["---"] * 2 + ["---:"] * (len(columns) - 2)) + "|"]
         lines += ["| " + " | ".join(row_cells(row)) + " |" for row in block.rows]
         lines.append("")
+        twins = _twin_lines(block)
+        lines += twins + ([""] if twins else [])
         if block.missing:
             hint = "" if block.scale else " (or scale=cpu for the scaled-down version)"
             lines.append(f"Missing runs: {len(block.missing)} preset(s); run{hint}:")
@@ -263,6 +277,7 @@ def to_latex(spec: TableSpec, blocks: list[Block], net: str, extra: list[str]) -
         lines += [" & ".join(_latex_escape(cell) for cell in row_cells(row)) + r" \\"
                   for row in block.rows]
         lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+        lines += [f"% {line}" for line in _twin_lines(block)]
         lines += [f"% missing: {command}" for command in _missing_lines(block)]
     lines += [f"% runs naming this table that fit no cell: {name}" for name in extra]
     lines += [f"% {note}" for note in _notes(net)]

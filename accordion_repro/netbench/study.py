@@ -95,8 +95,7 @@ def _cells(family: str) -> dict[str, str]:
     """method -> preset of the family's ResNet-18 CIFAR-10 cells. The batch family is Figure
     10's, whose B_low is Table 1's dense run (its dense baseline too, so no dense entry)."""
     if family == "batch":
-        cells = {c.method: c.preset for c in FIGURES["fig10"].cells}
-        return {**cells, **TWINS["fig10"]}
+        return {c.method: TWINS.get(c.preset, c.preset) for c in FIGURES["fig10"].cells}
     table = "table1" if family == "powersgd" else "table3"
     cells = {c.method: c.preset for c in TABLES[table].cells
              if c.model == "resnet18" and c.dataset == "cifar10" and c.family == family}
