@@ -203,6 +203,9 @@ TWINS: dict[str, str] = {
     # B_low without compression is Table 1's dense run (same batch, LR and schedule).
     "fig10/resnet18_static_low": "table1/resnet18_powersgd_dense",
     "table5/resnet18_batch_static_low": "table1/resnet18_powersgd_dense",
+    # The uncompressed baseline is the same run whichever compressor the table is about.
+    "table3/resnet18_topk_dense": "table1/resnet18_powersgd_dense",
+    "table3/senet18_topk_dense": "table1/senet18_powersgd_dense",
 }
 
 

@@ -92,14 +92,16 @@ class Family:
 
 
 def _cells(family: str) -> dict[str, str]:
-    """method -> preset of the family's ResNet-18 CIFAR-10 cells. The batch family is Figure
-    10's, whose B_low is Table 1's dense run (its dense baseline too, so no dense entry)."""
+    """method -> preset of the run behind each of the family's ResNet-18 CIFAR-10 cells (TWINS:
+    Table 3's dense cell is Table 1's dense run). The batch family is Figure 10's, whose B_low
+    is Table 1's dense run (its dense baseline too, so no dense entry)."""
     if family == "batch":
-        return {c.method: TWINS.get(c.preset, c.preset) for c in FIGURES["fig10"].cells}
-    table = "table1" if family == "powersgd" else "table3"
-    cells = {c.method: c.preset for c in TABLES[table].cells
-             if c.model == "resnet18" and c.dataset == "cifar10" and c.family == family}
-    return {**cells, DENSE: DENSE_PRESET}  # Table 3's dense cell is the same run, done once
+        cells = FIGURES["fig10"].cells
+    else:
+        table = "table1" if family == "powersgd" else "table3"
+        cells = [c for c in TABLES[table].cells
+                 if c.model == "resnet18" and c.dataset == "cifar10" and c.family == family]
+    return {c.method: TWINS.get(c.preset, c.preset) for c in cells}
 
 
 def _first_completed(runs_dir: Path, preset: str) -> Run | None:
