@@ -42,3 +42,57 @@ def test_every_declared_dependency_is_used():
             assert "submitit_slurm" in sources or "submitit" in sources
             continue
         assert re.search(rf"\b(import|from) {name}\b", sources), f"{dep} is declared but never imported"
+
+
+def _results_section() -> str:
+    readme = (REPO / "README.md").read_text()
+    return readme.split("## Results at CPU scale", 1)[1].split("\n## ", 1)[0]
+
+
+def _committed_numbers() -> set[str]:
+    """Every accuracy of every epoch of the whole-CIFAR study's finished runs, their floats
+    totals (millions, one decimal) and every number in the tables `make figures` built."""
+    import json
+
+    known = set()
+    for summary_path in (REPO / "results" / "runs" / "cpu_full").glob("*/*/seed*/summary.json"):
+        summary = json.loads(summary_path.read_text())
+        if summary.get("status") != "completed":
+            continue
+        known.add(f"{summary['total_floats_sent'] / 1e6:.1f}")
+        for line in (summary_path.parent / "metrics.jsonl").read_text().splitlines():
+            known.add(f"{json.loads(line)['test_acc']:.2f}")
+    for table in (REPO / "results" / "tables").glob("*.md"):
+        known.update(re.findall(r"\d[\d,]*\.\d+", table.read_text()))
+    return {number.replace(",", "") for number in known}
+
+
+def test_every_result_in_the_readme_comes_from_a_committed_run_or_table():
+    """The README's results section may not carry a number typed in by hand: each accuracy
+    (two decimals) and each number in its tables is an epoch's accuracy or a floats total of
+    a finished run under results/runs/cpu_full, or a number of results/tables/*.md."""
+    section, known = _results_section(), _committed_numbers()
+    accuracies = re.findall(r"(?<![\d.,])\d{2}\.\d{2}(?!\d)", section)
+    cells = [number.replace(",", "") for line in section.splitlines()
+             if line.startswith("|") and not re.match(r"\|\s*-", line)
+             for number in re.findall(r"(?<![\w.])\d[\d,]*\.\d+", line)]
+    assert len(accuracies) > 20 and len(cells) > 20
+    assert sorted(set(accuracies) - known) == []
+    assert sorted(set(cells) - known) == []
+
+
+def test_committed_tables_are_what_make_figures_builds_from_the_committed_runs(tmp_path):
+    """`make figures` (RUNS=results/runs, NET=10gbit) rebuilds every committed table byte for
+    byte: a run added or changed without rebuilding them, or a table edited by hand, fails."""
+    import warnings
+
+    from accordion_repro.analysis import build_all
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # unfinished runs and missing cells are expected here
+        written = build_all(REPO / "results" / "runs", tmp_path, net="10gbit", figures=False)
+    built = sorted(path for paths in written.values() for path in paths)
+    assert len(built) == 18
+    for path in built:
+        committed = REPO / "results" / "tables" / path.name
+        assert path.read_bytes() == committed.read_bytes(), f"rebuild differs: {committed}"
