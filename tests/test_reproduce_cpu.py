@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 
+import pytest
+
 from conftest import REPO, compose_cfg
 
 
@@ -31,7 +33,8 @@ def test_several_only_patterns_run_pattern_by_pattern_each_run_once():
     fig10 = [p for p in script.FULL_EXTRA if p.startswith("fig10/")]
     fig9 = [p for p in script.FULL_EXTRA if p.startswith("fig9/")]
     assert fig10 and fig9 and presets[:len(fig10) + len(fig9)] == fig10 + fig9
-    assert len(presets) == len(set(presets)) == len(script.FULL_CORE) + len(script.FULL_EXTRA)
+    assert len(presets) == len(set(presets)) == (len(script.FULL_CORE) + len(script.FULL_EXTRA)
+                                                 + len(script.ETA_SWEEP))
     assert script.run_order("cpu_full", [42], ["*"]) == script.run_order("cpu_full", [42], ["*", "*"])
 
 
@@ -45,3 +48,19 @@ def test_the_whole_cifar_study_runs_each_configuration_once():
     presets = script.FULL_CORE + script.FULL_EXTRA
     assert not set(presets) & set(TWINS)
     assert {TWINS[p] for p in TWINS if "/resnet18_" in p} <= set(script.FULL_CORE)
+
+
+def _eta_sweep_names():
+    return sorted(_script().ETA_SWEEP)
+
+
+
+@pytest.mark.parametrize("name", _eta_sweep_names())
+def test_each_eta_sweep_run_is_table1_accordion_with_its_eta_and_in_no_table(tmp_path, name):
+    script = _script()
+    argv = script.command(name, 42, tmp_path / "data", tmp_path / "out", [], "cpu_full")
+    cfg = compose_cfg([a for a in argv[3:] if not a.startswith("hydra.")])
+    eta = float(name.rsplit("eta", 1)[1])
+    assert cfg.run.name == name and cfg.run.table is None and cfg.run.figure is None
+    assert cfg.schedule.name == "accordion" and cfg.schedule.eta == eta
+    assert cfg.scale.name == "cpu_full" and f"eta {eta:g}" in cfg.run.label
