@@ -4,12 +4,20 @@ A run directory is the unit the analysis reads, so anything that mixes two runs 
 directory gives a silently wrong table. Three guards:
 - a lock file (owner pid and host) so a second job on the same directory stops at once; a lock
   whose owner died on this host is stale and taken over;
-- resuming or rerunning with a config that differs from the one in `resolved.yaml` is refused,
-  naming the keys, unless the user asks: `trainer.resume=never` moves the old run aside (into
-  `.replaced/<time>/`, which the analysis never reads) and starts afresh;
-  `trainer.allow_config_change=true` continues with the new values and the trainer records the
-  difference in every later epoch's metrics (`config_change`);
-- a checkpoint that cannot be read safely stops the job here, naming the file.
+- resuming or rerunning with a config that differs from the one the run was trained with (the
+  checkpoint's own copy, else `resolved.yaml`) is refused, naming the keys, unless the user
+  asks: `trainer.resume=never` moves the old run aside (into `.replaced/<time>/`, which the
+  analysis never reads) and starts afresh; `trainer.allow_config_change=true` continues with
+  the new values of the keys that can change on resume (CHANGEABLE: each takes effect from the
+  first resumed epoch) and the trainer records the difference in every later epoch's metrics
+  (`config_change`); a key the checkpoint's state holds (the model, the compressor, the
+  schedule's levels, the batch) is refused even then. A resolved.yaml deleted beside a
+  checkpoint is restored from it; a run without either cannot be resumed;
+- a checkpoint that cannot be read safely (its checksum does not match, it holds code) stops
+  the job here, naming the file;
+- metrics.jsonl must hold exactly the epochs the checkpoint has passed: a torn or missing line
+  is rewritten from the checkpoint's copy of every line, or, for a checkpoint without one, the
+  job is refused naming the missing epochs.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from pathlib import Path
 import yaml
 
 from accordion_repro.engine.checkpoint import checkpoint_path, read as read_checkpoint
-from accordion_repro.utils import pid_alive
+from accordion_repro.utils import atomic_write_text, pid_alive
 
 MOVABLE = ("resolved.yaml", "metrics.jsonl", "summary.json", "checkpoints", "wandb")
 
@@ -44,8 +52,29 @@ class RunDirectoryInUse(RuntimeError):
     """Another live job holds the directory's lock."""
 
 
+# Keys that trainer.allow_config_change=true may change on resume: each is read afresh from the
+# config when the job starts (the optimizer's hyperparameters are set over the checkpoint's), so
+# it takes effect from the first resumed epoch; tests/test_run_integrity.py shows it per family.
+CHANGEABLE_PREFIXES = ("optim.", "run.")
+CHANGEABLE_KEYS = {
+    "trainer.epochs", "trainer.max_steps_per_epoch", "trainer.max_eval_steps",
+    "trainer.eval_batch_size", "trainer.nan_policy", "trainer.checkpoint", "trainer.num_workers",
+    "dataset.augment", "dataset.rotation_degrees",
+    "schedule.eta", "schedule.interval", "schedule.lr_decay_rule", "schedule.statistic",
+}
+NOT_CHANGEABLE = {"optim.name"}  # another optimizer cannot take the checkpoint's state
+
+
+def changeable_on_resume(key: str) -> bool:
+    return key not in NOT_CHANGEABLE and (key in CHANGEABLE_KEYS or key.startswith(CHANGEABLE_PREFIXES))
+
+
 class ConfigMismatch(RuntimeError):
     """The directory holds a run with another config; the message names the keys."""
+
+
+class RunRecordGap(RuntimeError):
+    """metrics.jsonl lacks epochs the checkpoint has passed and they cannot be rebuilt."""
 
 
 def _flatten(mapping, prefix: str = "") -> dict:
@@ -95,7 +124,8 @@ def move_aside(run_dir: Path) -> Path | None:
 
 
 def check_existing_run(run_dir: Path, resolved: dict) -> dict[str, list]:
-    """Refuse a changed config or an unreadable checkpoint; return the delta that was allowed.
+    """Refuse a changed config, an unreadable checkpoint or a gap in metrics.jsonl; return the
+    delta that was allowed.
 
     With trainer.resume=never an existing run is moved aside first (nothing is compared).
     """
@@ -106,21 +136,91 @@ def check_existing_run(run_dir: Path, resolved: dict) -> dict[str, list]:
         if moved is not None:
             print(f"trainer.resume=never: the previous run in {run_dir} was moved to {moved}")
         return {}
-    previous = run_dir / "resolved.yaml"
-    has_run = any((run_dir / name).exists() for name in ("metrics.jsonl", "summary.json", "checkpoints"))
-    if not previous.exists() or not has_run:
+    ckpt = checkpoint_path(run_dir)
+    state = read_checkpoint(ckpt) if ckpt.exists() else None  # CheckpointError in one line
+    trained = _trained_config(run_dir, state)
+    if trained is None:
         return {}
-    delta = config_delta(yaml.safe_load(previous.read_text()) or {}, resolved)
+    delta = config_delta(trained, resolved)
     if delta and not trainer.get("allow_config_change", False):
-        shown = "; ".join(f"{k}: {v[0]!r} -> {v[1]!r}" for k, v in list(delta.items())[:8])
-        more = f" (and {len(delta) - 8} more)" if len(delta) > 8 else ""
         raise ConfigMismatch(
-            f"{run_dir} holds a run with a different config ({shown}{more}). Rerun with the "
+            f"{run_dir} holds a run with a different config ({_shown(delta)}). Rerun with the "
             f"run's own config to resume it, trainer.resume=never to move it aside and start "
             f"afresh, or trainer.allow_config_change=true to continue it with the new values")
-    if checkpoint_path(run_dir).exists():
-        read_checkpoint(checkpoint_path(run_dir))  # CheckpointError in one line if unreadable
+    fixed = {k: v for k, v in delta.items() if not changeable_on_resume(k)}
+    if fixed and state is not None:
+        raise ConfigMismatch(
+            f"trainer.allow_config_change=true cannot change {_shown(fixed)} on resume: the "
+            f"checkpoint {ckpt} holds state built for the old value (model, compressor memory, "
+            f"schedule levels or batch). Rerun with the old value, or trainer.resume=never to "
+            f"start afresh")
+    if state is not None:
+        repair_metrics(run_dir, state)
     return delta
+
+
+def _shown(delta: dict[str, list]) -> str:
+    shown = "; ".join(f"{k}: {v[0]!r} -> {v[1]!r}" for k, v in list(delta.items())[:8])
+    return shown + (f" (and {len(delta) - 8} more)" if len(delta) > 8 else "")
+
+
+def _trained_config(run_dir: Path, state: dict | None) -> dict | None:
+    """The config the run in run_dir was trained with: the checkpoint's own copy, else
+    resolved.yaml; None for an empty directory. A resolved.yaml deleted beside a checkpoint
+    is restored from it; run files with no config to compare are refused."""
+    previous = run_dir / "resolved.yaml"
+    on_disk = (yaml.safe_load(previous.read_text()) or {}) if previous.exists() else None
+    in_checkpoint = state.get("config") if state is not None else None
+    if in_checkpoint is not None:
+        if on_disk is None:
+            atomic_write_text(previous, yaml.safe_dump(in_checkpoint, sort_keys=False))
+            print(f"note: {previous} was missing; restored from {checkpoint_path(run_dir)}")
+        return in_checkpoint
+    present = [name for name in ("metrics.jsonl", "summary.json", "checkpoints")
+               if (run_dir / name).exists()]
+    if not present:
+        return None
+    if on_disk is None:
+        raise ConfigMismatch(
+            f"{run_dir} holds a run ({', '.join(present)}) but no resolved.yaml, so its config "
+            f"cannot be compared with this one. Restore {previous}, or rerun with "
+            f"trainer.resume=never to move the old run aside and start afresh")
+    return on_disk
+
+
+def repair_metrics(run_dir: Path, state: dict) -> None:
+    """Make metrics.jsonl hold exactly epochs 0..the checkpoint's epoch before a resume.
+
+    The trainer drops the lines of later epochs itself (they are redone). A torn, damaged or
+    missing line of an earlier epoch is rewritten from the checkpoint's copy of every line;
+    a checkpoint of an older version has no copy, and the job is refused naming the epochs.
+    """
+    path = run_dir / "metrics.jsonl"
+    last = int(state["epoch"])
+    kept, epochs = [], []
+    for line in (path.read_text().splitlines() if path.exists() else []):
+        try:
+            epoch = json.loads(line)["epoch"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if epoch <= last:
+            kept.append(line)
+            epochs.append(epoch)
+    lines = state.get("metric_lines")
+    if lines is not None and len(lines) == last + 1:
+        if kept != list(lines):
+            damaged = [e for e in range(last + 1) if lines[e] not in kept]
+            atomic_write_text(path, "".join(line + "\n" for line in lines))
+            print(f"note: {path} lacked or had damaged records of epochs {damaged}; rewritten "
+                  f"from {checkpoint_path(run_dir)} (epochs 0-{last})")
+        return
+    if epochs != list(range(last + 1)):
+        missing = sorted(set(range(last + 1)) - set(epochs))
+        what = f"lacks epochs {missing}" if missing else f"holds epochs {epochs}"
+        raise RunRecordGap(
+            f"{path} {what}, but the checkpoint {checkpoint_path(run_dir)} has passed epoch "
+            f"{last} and holds no copy to rebuild them from (an older version wrote it). Rerun "
+            f"with trainer.resume=never to move the run aside and start afresh")
 
 
 @contextmanager

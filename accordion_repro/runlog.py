@@ -87,15 +87,19 @@ class RunLogger:
                 kept.append(line)
         atomic_write_text(self.metrics_path, "".join(line + "\n" for line in kept))
 
-    def log_epoch(self, record: dict) -> None:
+    def log_epoch(self, record: dict) -> str:
+        """Append the epoch's line and return it (the checkpoint keeps every line, so a damaged
+        metrics.jsonl can be rebuilt on resume: rundir.repair_metrics)."""
         record = _jsonable(record)
+        line = json.dumps(record, sort_keys=False)
         with self.metrics_path.open("a") as f:
-            f.write(json.dumps(record, sort_keys=False) + "\n")
+            f.write(line + "\n")
             f.flush()
             os.fsync(f.fileno())
         if self._wandb is not None:
             flat = {k: v for k, v in record.items() if isinstance(v, (int, float))}
             self._wandb.log(flat, step=record["epoch"])
+        return line
 
     def update_summary(self, **fields: Any) -> None:
         self.summary.update(_jsonable(fields))

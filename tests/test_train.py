@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from accordion_repro.engine import checkpoint
 from accordion_repro.errors import ConfigError, DatasetMissingError
 from conftest import REPO, compose_cfg, read_metrics, read_summary, train
 
@@ -62,12 +63,12 @@ def test_two_ranks_match_one_rank_on_the_same_global_batch(tmp_path):
     """Each rank's contiguous shard holds the same columns as one rank's twice-as-wide batch."""
     one = train(_lstm_overrides(1, 8) + ["optim.reference_batch=8"], tmp_path / "one")
     two = train(_lstm_overrides(2, 4) + ["optim.reference_batch=8"], tmp_path / "two")
-    a = torch.load(one / "checkpoints" / "last.pt", weights_only=False)["model"]
-    b = torch.load(two / "checkpoints" / "last.pt", weights_only=False)["model"]
+    a = checkpoint.read(one / "checkpoints" / "last.pt")["model"]
+    b = checkpoint.read(two / "checkpoints" / "last.pt")["model"]
     assert read_metrics(one)[0]["lr"] == pytest.approx(read_metrics(two)[0]["lr"])
     for name in a:
         torch.testing.assert_close(a[name], b[name], atol=1e-5, rtol=0, msg=name)
-    start = torch.load(one / "checkpoints" / "last.pt", weights_only=False)
+    start = checkpoint.read(one / "checkpoints" / "last.pt")
     assert any((a[n] != 0).any() for n in a) and start["epoch"] == 0
 
 
@@ -91,11 +92,11 @@ def test_wandb_offline_run_keeps_its_id_across_a_resume(tmp_path):
     common = ["model=resnet18", "model.width=0.125", *SMALL_IMAGE, "trainer.epochs=2",
               "trainer.max_steps_per_epoch=1", "trainer.max_eval_steps=1", "logger.wandb.mode=offline"]
     run_dir = train(common + ["trainer.stop_after_epoch=0"], tmp_path / "run")
-    first = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)["wandb_id"]
+    first = checkpoint.read(run_dir / "checkpoints" / "last.pt")["wandb_id"]
     train(common, run_dir)
     runs = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
     assert first and len(runs) == 2 and all(name.endswith(first) for name in runs)
-    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)["wandb_id"] == first
+    assert checkpoint.read(run_dir / "checkpoints" / "last.pt")["wandb_id"] == first
 
 
 @pytest.mark.parametrize("override, key", [

@@ -4,6 +4,9 @@ Reducer memories and RNG streams differ between ranks, so each rank's part is ga
 and stored under its rank; on resume every rank takes its own part back. The file is written to
 a temporary name and renamed, so a job killed while saving keeps the previous checkpoint.
 
+The file starts with a SHA-256 of the rest, checked before anything is loaded: a checkpoint
+damaged inside its tensor data would otherwise load and resume silently with wrong weights.
+
 Checkpoints hold only tensors and plain Python values and are read with
 `torch.load(weights_only=True)`, so a crafted `last.pt` cannot run code on resume. The few
 non-plain values of a training state (the schedule's Plan, NumPy's RNG state) are written in a
@@ -12,6 +15,7 @@ tagged plain form and rebuilt on load; anything else is refused when saving.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import random
 from pathlib import Path
@@ -25,6 +29,9 @@ from accordion_repro.comm.collectives import distributed
 from accordion_repro.utils import atomic_write_bytes
 
 _PLAIN = (type(None), bool, int, float, str, bytes, torch.Tensor)
+# b"accordion-checkpoint sha256 <64 hex digits>\n", then torch.save's bytes.
+_MAGIC = b"accordion-checkpoint sha256 "
+_HEADER_SIZE = len(_MAGIC) + 64 + 1
 
 
 class CheckpointError(RuntimeError):
@@ -91,13 +98,30 @@ def save(run_dir: Path, shared: dict, per_rank: dict) -> None:
         return
     buffer = io.BytesIO()
     torch.save(to_plain({**shared, "ranks": parts}), buffer)
-    atomic_write_bytes(checkpoint_path(run_dir), buffer.getvalue())
+    atomic_write_bytes(checkpoint_path(run_dir), sealed(buffer.getvalue()))
+
+
+def sealed(payload: bytes) -> bytes:
+    """torch.save bytes behind the checksum header that `read` checks."""
+    return _MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+
+
+def _verified_payload(path: Path) -> bytes:
+    """The torch.save bytes of a checkpoint whose checksum matches; ValueError otherwise."""
+    data = Path(path).read_bytes()
+    if not data.startswith(_MAGIC):
+        raise ValueError("no checksum header: not a checkpoint of this suite, or damaged at its start")
+    header, payload = data[:_HEADER_SIZE], data[_HEADER_SIZE:]
+    if hashlib.sha256(payload).hexdigest().encode() != header[len(_MAGIC):-1]:
+        raise ValueError("its contents do not match their checksum (the file is damaged)")
+    return payload
 
 
 def read(path: Path) -> dict:
     """The whole checkpoint, loaded safely; CheckpointError in one line if it cannot be."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        payload = _verified_payload(path)
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
         if not isinstance(state, dict) or not isinstance(state.get("ranks"), list):
             raise ValueError("not a checkpoint of this suite (no per-rank parts)")
         return from_plain(state)

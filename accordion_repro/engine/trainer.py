@@ -15,6 +15,7 @@ import random
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +34,7 @@ from accordion_repro.engine.lr import build_epoch_lr
 from accordion_repro.engine.optim import build_optimizer
 from accordion_repro.engine.settings import OptimSettings, TrainerSettings
 from accordion_repro.engine.tasks import build_task
-from accordion_repro.errors import TrainingDiverged
+from accordion_repro.errors import ConfigWarning, TrainingDiverged
 from accordion_repro.runlog import NullRunLogger, RunLogger
 from accordion_repro.models import build_model, count_parameters
 
@@ -95,8 +96,10 @@ class Trainer:
 
         self.task = build_task(self.bundle, cfg, t, rank=self.rank, world_size=self.world_size,
                                device=self.device)
-        self.epoch_lr = build_epoch_lr(self.optim, total_epochs=t.epochs, world_size=self.world_size,
-                                       batch_size=t.batch_size)
+        with warnings.catch_warnings():  # config.validate showed them before the ranks started
+            warnings.simplefilter("ignore", ConfigWarning)
+            self.epoch_lr = build_epoch_lr(self.optim, total_epochs=t.epochs,
+                                           world_size=self.world_size, batch_size=t.batch_size)
         self.optimizer = build_optimizer(self.optim, self.params, lr=self.epoch_lr(0))
         # Stop requests are agreed on the CPU (gloo), so NCCL runs pay no GPU sync for them.
         self._control_group = None if not _distributed() else (
@@ -105,6 +108,7 @@ class Trainer:
         self.config_change = cfg.get("_config_change") or {}
         self.wandb_id = None
         self.totals = {"floats": 0, "bytes": 0, "train_time_s": 0.0}
+        self.metric_lines: list[str] = []  # rank 0: every metrics.jsonl line so far
         self._resume()
         self.logger = RunLogger(self.run_dir, config=cfg, wandb_cfg=cfg["logger"]["wandb"],
                                 wandb_id=self.wandb_id) if self.rank == 0 else NullRunLogger()
@@ -124,7 +128,12 @@ class Trainer:
             return
         shared, mine = loaded
         self.model.load_state_dict(shared["model"])
+        # The optimizer's state dict carries its hyperparameters too; this run's config sets
+        # them (an allowed config change takes effect; an unchanged one sets the same values).
+        hyper = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
         self.optimizer.load_state_dict(shared["optimizer"])
+        for group, values in zip(self.optimizer.param_groups, hyper):
+            group.update(values)
         self.schedule.load_state_dict(shared["schedule"])
         if self.detector is not None and shared.get("detector") is not None:
             self.detector.load_state_dict(shared["detector"], strict=not self.config_change)
@@ -132,6 +141,7 @@ class Trainer:
         self.start_epoch = int(shared["epoch"]) + 1
         self.wandb_id = shared.get("wandb_id")
         self.totals = shared["totals"]
+        self.metric_lines = list(shared.get("metric_lines") or [])
         self.reducer.load_state_dict(mine["reducer"])
         checkpoint.set_rng_state(mine["rng"])
 
@@ -141,7 +151,9 @@ class Trainer:
             shared = {"epoch": epoch, "model": self.model.state_dict(),
                       "optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict(),
                       "detector": self.detector.state_dict() if self.detector is not None else None,
-                      "plan": self.plan, "wandb_id": self.logger.wandb_id, "totals": self.totals}
+                      "plan": self.plan, "wandb_id": self.logger.wandb_id, "totals": self.totals,
+                      "metric_lines": self.metric_lines,
+                      "config": {k: v for k, v in self.cfg.items() if k != "_config_change"}}
         checkpoint.save(self.run_dir, shared, {"reducer": self.reducer.state_dict(),
                                                "rng": checkpoint.rng_state()})
 
@@ -168,7 +180,7 @@ class Trainer:
                     record.update(self.task.evaluate(self.model, t.max_eval_steps))
                 record.update(self._end_epoch(epoch))
                 if self.rank == 0:  # only rank 0 evaluated
-                    self.logger.log_epoch(record)
+                    self.metric_lines.append(self.logger.log_epoch(record))
                     log.info(self._epoch_line(record, t.epochs))
                     metric = self.task.metric
                     self.logger.update_summary(
