@@ -24,13 +24,15 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PYTHON) -m pytest -q -m "not slow"
 
-# Two gloo ranks train ResNet-18 on the offline synthetic CIFAR-10 for 3 short epochs (8 steps each).
+# Two gloo ranks train ResNet-18 on the offline synthetic CIFAR-10 for 4 short epochs (6 steps
+# each; 4 epochs, so that the LR decays at 1/2 and 5/6 of the run fall on epochs 2 and 3).
+DEMO_STEPS ?= 6
+DEMO_ARGS = model=resnet18 dataset=synthetic_cifar10 compressor=powersgd schedule=accordion \
+	schedule.interval=1 dist.nproc_per_node=2 trainer.epochs=4 trainer.batch_size=32 \
+	trainer.max_steps_per_epoch=$(DEMO_STEPS) trainer.max_eval_steps=4 logger.wandb.mode=offline \
+	trainer.progress=always run.name=demo
 demo: $(STAMP)
-	$(PYTHON) -m accordion_repro.train model=resnet18 dataset=synthetic_cifar10 \
-		compressor=powersgd schedule=accordion schedule.interval=1 \
-		dist.nproc_per_node=2 trainer.epochs=3 trainer.batch_size=32 \
-		trainer.max_steps_per_epoch=8 trainer.max_eval_steps=4 logger.wandb.mode=offline \
-		trainer.progress=always run.name=demo
+	$(PYTHON) -m accordion_repro.train $(DEMO_ARGS)
 
 figures: $(STAMP)
 	$(PYTHON) -m accordion_repro.analysis --runs $(RUNS) --out results --net $(NET)

@@ -9,14 +9,16 @@ rules live in one place.
 from __future__ import annotations
 
 import hashlib
-
+import sys
+import warnings
 from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from accordion_repro.comm.config import SETTINGS as COMPRESSOR_SETTINGS, compressor_level  # noqa: F401  (tests and callers read it here)
-from accordion_repro.errors import ConfigError
+from accordion_repro.env import env_rank
+from accordion_repro.errors import ConfigError, ConfigWarning
 from accordion_repro.options import defaults_of
 
 
@@ -114,8 +116,14 @@ def validate(cfg: DictConfig) -> None:
     from accordion_repro.options import Options
 
     t = TrainerSettings.from_config(c["trainer"])
-    # reads optim through OptimSettings, then checks optim.decay_at and official_decay_compare
-    build_epoch_lr(c["optim"], total_epochs=t.epochs, world_size=1, batch_size=t.batch_size)
+    # reads optim through OptimSettings, then checks optim.decay_at and official_decay_compare;
+    # what it warns about is shown here once, one line each (rank 0 under torchrun or Slurm)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConfigWarning)
+        build_epoch_lr(c["optim"], total_epochs=t.epochs, world_size=1, batch_size=t.batch_size)
+    if env_rank() == 0:
+        for warning in caught:
+            print(f"warning: {warning.message}", file=sys.stderr)
     DistSettings.from_config(c["dist"])
     Options("logger.wandb", c["logger"]["wandb"]).choice("mode", ("offline", "online", "disabled"))
 

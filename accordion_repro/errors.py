@@ -13,6 +13,11 @@ class ConfigError(ValueError):
         super().__init__(f"{key}: {message}")
 
 
+class ConfigWarning(UserWarning):
+    """A config value is used, but not as written (a decay moved or dropped). train.py shows it
+    once, as one line, before the ranks start; the ranks do not repeat it."""
+
+
 class DatasetMissingError(FileNotFoundError):
     """The dataset files are not where the config says; the message says how to get them."""
 

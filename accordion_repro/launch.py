@@ -227,13 +227,18 @@ def launch(cfg: dict, run_dir: Path) -> None:
 
 
 def _spawn(cfg: dict, run_dir: Path, settings: DistSettings, store_file: str) -> None:
+    # torch's "Terminating process N via signal SIGTERM" after a failure: the job's own error
+    # line says what happened.
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     context = mp.start_processes(_spawned_worker, args=(cfg, str(run_dir), settings, store_file),
                                  nprocs=settings.nproc_per_node, join=False, start_method="spawn")
     signals = {"count": 0}
+    previous_signal = {"last": signal.SIGTERM}
 
     def forward(signum, frame):
         """First signal: ask every rank to stop after its step. Second: end them now."""
         signals["count"] += 1
+        previous_signal["last"] = signum
         for process in context.processes:
             if process.is_alive():
                 os.kill(process.pid, signum if signals["count"] == 1 else signal.SIGKILL)
@@ -243,11 +248,23 @@ def _spawn(cfg: dict, run_dir: Path, settings: DistSettings, store_file: str) ->
         while not context.join():
             pass
     except mp.ProcessRaisedException as exc:
-        cause = str(exc).strip().splitlines()
-        message = f"rank {exc.error_index} failed: {cause[-1] if cause else exc}"
+        index, trace = _root_cause(context, exc.error_index, str(exc))
+        cause = _cause_line(trace)
+        message = f"rank {index} failed: {cause}"
         mark_failed(run_dir, message)
-        raise RankFailed(f"{message}\n{exc}") from None
+        # A cause the suite names itself (a diverged loss) is the whole story; anything else
+        # keeps its traceback, under the one error line.
+        raise RankFailed(message if cause.startswith(_OWN_CAUSES) else f"{message}\n{trace}") from None
     except mp.ProcessExitedException as exc:
+        if signals["count"] >= 2:  # our own SIGKILL, the user's second signal: a stop, not a crash
+            signum = previous_signal["last"]
+            where = (f"{signal.Signals(signum).name} twice: the ranks were ended at once; resumes "
+                     f"from the last end-of-epoch checkpoint")
+            summary = read_summary(run_dir)
+            if summary and summary.get("status") != "completed":
+                write_summary(run_dir, {**summary, "status": "stopped", "stopped": where,
+                                        "stop_signal": int(signum)})
+            raise RunStopped(f"stopped: {where}; rerun the same command to resume", 128 + signum) from None
         message = f"rank {exc.error_index} died: {exc}"
         mark_failed(run_dir, message)
         raise RankFailed(message) from None
@@ -258,6 +275,39 @@ def _spawn(cfg: dict, run_dir: Path, settings: DistSettings, store_file: str) ->
             if process.is_alive():
                 process.terminate()
                 process.join(10)
+
+
+# A rank that fails because a peer went away names the peer's loss, not its cause.
+_PEER_LOSS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "Socket Timeout", "Timed out waiting", "DistBackendError", "ProcessGroupGloo")
+_OWN_CAUSES = ("training diverged",)
+
+
+def _cause_line(trace: str) -> str:
+    """The last line of a traceback, without the class of an exception the suite raises."""
+    lines = [line for line in trace.strip().splitlines() if line.strip()]
+    last = lines[-1] if lines else trace
+    for prefix in ("accordion_repro.launch.RankFailed: ", "accordion_repro.errors.TrainingDiverged: "):
+        last = last.removeprefix(prefix)
+    return last
+
+
+def _root_cause(context, first: int, first_trace: str) -> tuple[int, str]:
+    """(rank, traceback) of the rank whose failure caused the others': the first failure that
+    is not a lost peer, else the first failure. torch wrote each failed rank's traceback to
+    its error file; the survivors have been ended by now."""
+    import pickle
+
+    traces = {first: first_trace}
+    for index, path in enumerate(context.error_files):
+        if index != first:
+            with contextlib.suppress(OSError, EOFError, pickle.UnpicklingError):
+                with open(path, "rb") as f:
+                    traces[index] = pickle.load(f)
+    for index in sorted(traces, key=lambda i: (i != first, i)):
+        if not any(marker in _cause_line(traces[index]) for marker in _PEER_LOSS):
+            return index, traces[index]
+    return first, first_trace
 
 
 def _die_with_parent() -> None:

@@ -8,6 +8,7 @@ requeued or resumed job finds its own checkpoint.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,11 +23,14 @@ from accordion_repro.engine.checkpoint import CheckpointError
 from accordion_repro.errors import ConfigError, DatasetMissingError
 from accordion_repro.env import env_rank
 from accordion_repro.launch import RankFailed, RunStopped, launch
-from accordion_repro.rundir import ConfigMismatch, RunDirectoryInUse, check_existing_run, run_lock
+from accordion_repro.runlog import read_summary
+from accordion_repro.rundir import (ConfigMismatch, RunDirectoryInUse, RunRecordGap, check_existing_run,
+                                    run_lock)
 from accordion_repro.utils import atomic_write_text
 
 # Errors the user fixes on the command line: one line, exit 2, nothing started or changed.
-USER_ERRORS = (ConfigError, DatasetMissingError, CheckpointError, ConfigMismatch, RunDirectoryInUse)
+USER_ERRORS = (ConfigError, DatasetMissingError, CheckpointError, ConfigMismatch, RunDirectoryInUse,
+               RunRecordGap)
 
 
 def run(cfg: DictConfig, run_dir: Path) -> Path:
@@ -68,7 +72,28 @@ def main(cfg: DictConfig) -> None:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2 if isinstance(exc, USER_ERRORS) else 1)
     if env_rank() == 0:
-        print(f"run directory: {run_dir}")
+        print(closing_summary(run_dir, Path(cfg.paths.runs_dir)))
+
+
+def closing_summary(run_dir: Path, runs_dir: Path) -> str:
+    """What a finished run tells the user: its result and where everything went."""
+    summary = read_summary(run_dir)
+    lines = []
+    metric = summary.get("metric")
+    value = summary.get(f"final_{metric}")
+    if summary.get("status") == "completed" and value is not None:
+        unit = " %" if metric == "test_acc" else ""
+        lines.append(f"done: {metric} {value:.2f}{unit} after {summary.get('epochs_completed')} "
+                     f"epochs; {summary.get('total_floats_sent', 0) / 1e6:.2f}M floats sent per "
+                     f"worker")
+    lines.append(f"run directory: {run_dir} (metrics.jsonl, summary.json, resolved.yaml)")
+    wandb_dir = run_dir / "wandb"
+    if wandb_dir.is_dir():
+        lines.append(f"wandb files: {wandb_dir} (offline runs upload with `wandb sync "
+                     f"{wandb_dir}/offline-run-*`)")
+    lines.append(f"tables and figures: `make figures RUNS={runs_dir}` writes results/tables and "
+                 f"results/figures")
+    return "\n".join(lines)
 
 
 class JobFailed(RuntimeError):
@@ -101,9 +126,32 @@ def expand_experiment_globs(argv: list[str]) -> list[str]:
     return out
 
 
+def check_run_dir_writable(argv: list[str]) -> None:
+    """Where the run directory cannot be written, Hydra fails setting up its job log with a
+    30-line traceback; say it in one line before anything starts."""
+    targets = {"paths.runs_dir": os.environ.get("ACCORDION_RUNS", "results/runs")}
+    for arg in argv[1:]:
+        key, _, value = arg.lstrip("+").partition("=")
+        if key in ("hydra.run.dir", "paths.runs_dir") and value:
+            targets[key] = value
+    for key, target in targets.items():
+        existing = Path(target).absolute()
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if os.statvfs(existing).f_flag & os.ST_RDONLY:
+            why = "on a read-only file system"
+        elif not os.access(existing, os.W_OK | os.X_OK):
+            why = "permission denied"
+        else:
+            continue
+        raise ConfigError(key, f"cannot write the run directory {target} ({existing}: {why}); "
+                               f"choose another with hydra.run.dir=... or paths.runs_dir=...")
+
+
 if __name__ == "__main__":
     try:
         sys.argv = expand_experiment_globs(sys.argv)
+        check_run_dir_writable(sys.argv)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

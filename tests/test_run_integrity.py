@@ -219,9 +219,15 @@ def _copy(run_dir: Path, tmp_path: Path) -> Path:
 def test_a_crafted_checkpoint_executes_nothing(stopped_run, tmp_path):
     run_dir = _copy(stopped_run, tmp_path)
     marker = tmp_path / "pwned"
+    import io
+
     import torch
-    with open(run_dir / "checkpoints" / "last.pt", "wb") as f:
-        torch.save({"ranks": [_Exploit(str(marker))], "epoch": 0}, f)
+
+    from accordion_repro.engine.checkpoint import sealed
+    buffer = io.BytesIO()
+    torch.save({"ranks": [_Exploit(str(marker))], "epoch": 0}, buffer)
+    # a valid checksum, so that the load itself (weights_only) is what refuses it
+    (run_dir / "checkpoints" / "last.pt").write_bytes(sealed(buffer.getvalue()))
     before = files_snapshot(run_dir)
     out = cli(run_dir, "trainer.epochs=2")
     assert out.returncode == 2
@@ -345,3 +351,252 @@ def test_epoch_lines_go_to_the_job_log_and_the_run_directory_is_printed_once(tmp
     assert out.stdout.count("run directory:") == 1
     log = (run_dir / "train.log").read_text()
     assert "epoch   0/2" in log and "epoch   1/2" in log
+
+
+# ---- a resume never leaves a gap in metrics.jsonl (issue 26) ----------------------------------
+@pytest.fixture(scope="module")
+def three_epoch_runs(tmp_path_factory) -> tuple[Path, Path]:
+    """(an uninterrupted 3-epoch run, the same run stopped after epoch 1 with its checkpoint)."""
+    root = tmp_path_factory.mktemp("three")
+    whole, stopped = root / "whole", root / "stopped"
+    assert cli(whole, "trainer.epochs=3").returncode == 0
+    assert cli(stopped, "trainer.epochs=3", "trainer.stop_after_epoch=1").returncode == 0
+    return whole, stopped
+
+
+def _tear_last_line(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-40])  # epoch 1's record torn, as in the issue
+
+
+def _drop_first_line(path: Path) -> None:
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[1:]))  # epoch 0 missing
+
+
+@pytest.mark.parametrize("damage", [_tear_last_line, _drop_first_line], ids=["torn_last", "missing_middle"])
+def test_a_gap_in_metrics_is_rebuilt_from_the_checkpoint_and_named(three_epoch_runs, tmp_path, damage):
+    whole, stopped = three_epoch_runs
+    run_dir = _copy(stopped, tmp_path)
+    damage(run_dir / "metrics.jsonl")
+    out = cli(run_dir, "trainer.epochs=3")
+    assert out.returncode == 0, out.stderr
+    notes = [l for l in out.stdout.splitlines() if "metrics.jsonl lacked" in l]
+    missing = "[1]" if damage is _tear_last_line else "[0]"
+    assert len(notes) == 1 and f"epochs {missing}" in notes[0]
+    assert read_summary(run_dir)["status"] == "completed"
+    assert without_timing(read_metrics(run_dir)) == without_timing(read_metrics(whole))
+
+
+def _as_older_version(ckpt: Path) -> None:
+    """Rewrite a checkpoint without its copy of the metrics lines (what older versions wrote)."""
+    import io
+
+    import torch
+
+    from accordion_repro.engine import checkpoint
+
+    state = checkpoint.read(ckpt)
+    del state["metric_lines"]
+    buffer = io.BytesIO()
+    torch.save(checkpoint.to_plain(state), buffer)
+    ckpt.write_bytes(checkpoint.sealed(buffer.getvalue()))
+
+
+@pytest.mark.parametrize("damage", [_tear_last_line, _drop_first_line], ids=["torn_last", "missing_middle"])
+def test_a_gap_that_cannot_be_rebuilt_is_refused_naming_the_epochs(three_epoch_runs, tmp_path, damage):
+    _, stopped = three_epoch_runs
+    run_dir = _copy(stopped, tmp_path)
+    _as_older_version(run_dir / "checkpoints" / "last.pt")
+    damage(run_dir / "metrics.jsonl")
+    before = files_snapshot(run_dir)
+    out = cli(run_dir, "trainer.epochs=3")
+    assert out.returncode == 2
+    error = [l for l in out.stderr.splitlines() if l.startswith("error:")]
+    missing = "[1]" if damage is _tear_last_line else "[0]"
+    assert len(error) == 1 and f"lacks epochs {missing}" in error[0]
+    assert "trainer.resume=never" in error[0] and "Traceback" not in out.stderr
+    assert files_snapshot(run_dir) == before
+    assert read_summary(run_dir)["status"] == "stopped"
+
+
+# ---- an allowed config change takes effect, or is refused (issue 28) ---------------------------
+# One key family each. The stopped run (epoch 0 of 2) resumes with the change; its epoch 1 must
+# differ from the unchanged run's epoch 1 in the field the change acts on.
+CHANGES = {
+    "optim": (["optim.momentum=0.5", "optim.weight_decay=0.01"], "train_loss"),
+    "trainer": (["trainer.max_steps_per_epoch=1"], "steps"),
+    "dataset": (["dataset.augment=false"], "train_loss"),
+    "schedule": (["schedule.eta=100", "schedule.lr_decay_rule=false"], "critical_layers"),
+}
+
+
+@pytest.mark.parametrize("family", sorted(CHANGES))
+def test_an_allowed_config_change_takes_effect_from_the_first_resumed_epoch(
+        finished_run, stopped_run, tmp_path, family):
+    changes, field = CHANGES[family]
+    run_dir = _copy(stopped_run, tmp_path)
+    out = cli(run_dir, "trainer.epochs=2", *changes, "trainer.allow_config_change=true")
+    assert out.returncode == 0, out.stderr
+    changed, unchanged = read_metrics(run_dir), read_metrics(finished_run)
+    assert without_timing(changed[:1]) == without_timing(unchanged[:1])
+    assert changed[1][field] != unchanged[1][field]
+    assert set(changed[1]["config_change"]) == {c.split("=")[0] for c in changes}
+
+
+def test_a_config_change_the_checkpoint_cannot_take_is_refused_naming_the_key(stopped_run, tmp_path):
+    run_dir = _copy(stopped_run, tmp_path)
+    before = files_snapshot(run_dir)
+    out = cli(run_dir, "trainer.epochs=2", "compressor.rank=4", "optim.momentum=0.5",
+              "trainer.allow_config_change=true")
+    assert out.returncode == 2
+    error = [l for l in out.stderr.splitlines() if l.startswith("error:")]
+    assert len(error) == 1 and "cannot change compressor.rank: 2 -> 4 on resume" in error[0]
+    assert "optim.momentum" not in error[0] and "trainer.resume=never" in error[0]
+    assert files_snapshot(run_dir) == before
+
+
+def test_a_deleted_resolved_yaml_is_restored_from_the_checkpoint_and_still_guards(stopped_run, tmp_path):
+    run_dir = _copy(stopped_run, tmp_path)
+    original = (run_dir / "resolved.yaml").read_text()
+    (run_dir / "resolved.yaml").unlink()
+    out = cli(run_dir, "trainer.epochs=2", "optim.momentum=0.5")
+    assert out.returncode == 2
+    error = [l for l in out.stderr.splitlines() if l.startswith("error:")]
+    assert len(error) == 1 and "optim.momentum: 0.9 -> 0.5" in error[0]
+    import yaml
+    assert yaml.safe_load((run_dir / "resolved.yaml").read_text()) == yaml.safe_load(original)
+    assert cli(run_dir, "trainer.epochs=2").returncode == 0
+
+
+def test_run_files_without_any_config_are_refused(finished_run, tmp_path):
+    run_dir = _copy(finished_run, tmp_path)  # completed: its checkpoint holds the config
+    shutil.rmtree(run_dir / "checkpoints")
+    (run_dir / "resolved.yaml").unlink()
+    out = cli(run_dir, "trainer.epochs=2", "optim.momentum=0.5")
+    assert out.returncode == 2
+    error = [l for l in out.stderr.splitlines() if l.startswith("error:")]
+    assert len(error) == 1 and "no resolved.yaml" in error[0]
+
+
+@pytest.mark.parametrize("fill", [b"\0", b"\xff"], ids=["zeros", "ones"])
+def test_a_checkpoint_damaged_inside_its_data_is_refused_naming_the_file(stopped_run, tmp_path, fill):
+    run_dir = _copy(stopped_run, tmp_path)
+    ckpt = run_dir / "checkpoints" / "last.pt"
+    data = bytearray(ckpt.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 4096] = fill * 4096
+    ckpt.write_bytes(bytes(data))
+    before = files_snapshot(run_dir)
+    out = cli(run_dir, "trainer.epochs=2")
+    assert out.returncode == 2
+    error = [l for l in out.stderr.splitlines() if l.startswith("error:")]
+    assert len(error) == 1 and str(ckpt) in error[0] and "checksum" in error[0]
+    assert "Traceback" not in out.stderr and files_snapshot(run_dir) == before
+
+
+# ---- the demo's console (issue 26) -------------------------------------------------------------
+@pytest.mark.distributed
+def test_the_demo_prints_no_warning_an_epoch_line_each_and_a_summary(tmp_path):
+    """`make demo`'s own command (read from the Makefile), one step per epoch, a narrower model."""
+    dry = subprocess.run(["make", "-s", "-n", "demo", "DEMO_STEPS=1", f"PYTHON={sys.executable}"],
+                         cwd=REPO, capture_output=True, text=True, check=True)
+    command = dry.stdout.strip().splitlines()[-1]
+    assert "accordion_repro.train" in command and "trainer.max_steps_per_epoch=1" in command
+    run_dir = tmp_path / "demo"
+    out = subprocess.run(f"{command} model.width=0.25 hydra.run.dir={run_dir}", shell=True, cwd=REPO,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    console = out.stdout + out.stderr
+    assert "warning" not in console.lower() and "Traceback" not in console
+    epochs = [l for l in out.stdout.replace("\r", "\n").splitlines() if "test_acc" in l]
+    assert [l.split()[1] for l in epochs if l.startswith("epoch")] == ["0/4", "1/4", "2/4", "3/4"]
+    final = read_summary(run_dir)["final_test_acc"]
+    [done] = [l for l in out.stdout.splitlines() if l.startswith("done:")]
+    assert f"test_acc {final:.2f} %" in done and "floats sent" in done
+    assert f"run directory: {run_dir}" in out.stdout
+    assert f"wandb files: {run_dir / 'wandb'}" in out.stdout and "make figures" in out.stdout
+
+
+# ---- failures and stops say their cause in one line (issue 28) ----------------------------------
+def _error_lines(out: subprocess.CompletedProcess) -> list[str]:
+    return [l for l in out.stderr.splitlines() if l.startswith("error:")]
+
+
+@pytest.mark.distributed
+def test_a_second_sigterm_ends_the_run_as_stopped_and_resumable(tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = ["trainer.epochs=2", "dist.nproc_per_node=2", "dataset.train_size=2048",
+                 "trainer.max_steps_per_epoch=128"]
+    proc = popen(run_dir, *overrides)
+    try:
+        wait_until(lambda: (run_dir / "metrics.jsonl").exists(), timeout=180, what="epoch 0")
+        proc.send_signal(signal.SIGTERM)
+        import time
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    lines = [l for l in err.splitlines() if l.strip() and "Terminating process" not in l]
+    assert len(lines) == 1 and lines[0].startswith("stopped:") and "resume" in lines[0], err
+    summary = read_summary(run_dir)
+    assert summary["status"] == "stopped" and summary["stop_signal"] == signal.SIGTERM
+    done = cli(run_dir, *overrides)
+    assert done.returncode == 0, done.stderr
+    assert [m["epoch"] for m in read_metrics(run_dir)] == [0, 1]
+
+
+@pytest.mark.distributed
+def test_a_diverged_two_rank_run_prints_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    out = cli(run_dir, "trainer.epochs=2", "dist.nproc_per_node=2", "optim.lr=1e30",
+              "optim.warmup_epochs=0", base=DENSE)
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr
+    [error] = _error_lines(out)
+    assert "failed: training diverged at epoch 0 step" in error
+    assert [l for l in out.stderr.splitlines() if l.strip()] == [error]
+    assert read_summary(run_dir)["status"] == "failed"
+
+
+@pytest.fixture
+def small_mount(tmp_path):
+    """A tmpfs of the given options at tmp_path/mnt (root only); unmounted afterwards."""
+    mounted = []
+
+    def mount(options: str) -> Path:
+        if os.geteuid() != 0:
+            pytest.skip("needs root to mount a tmpfs")
+        target = tmp_path / f"mnt{len(mounted)}"
+        target.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(target)
+        return target
+
+    yield mount
+    for target in mounted:
+        subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+@pytest.mark.distributed
+def test_a_full_disk_names_no_space_from_the_rank_that_hit_it(tmp_path, small_mount):
+    run_dir = small_mount("size=192k") / "run"
+    out = cli(run_dir, "trainer.epochs=2", "dist.nproc_per_node=2")
+    assert out.returncode == 1
+    [error] = _error_lines(out)
+    assert "rank 0 failed" in error and "No space left on device" in error, out.stderr
+    assert "Connection closed" not in error
+    assert read_summary(run_dir)["status"] == "failed"
+
+
+def test_a_read_only_run_directory_is_refused_in_one_line_before_anything_starts(small_mount):
+    run_dir = small_mount("ro,size=64k") / "run"
+    out = cli(run_dir, "trainer.epochs=1")
+    assert out.returncode == 2
+    [error] = _error_lines(out)
+    assert f"cannot write the run directory {run_dir}" in error and "read-only" in error
+    assert "Traceback" not in out.stderr and not out.stdout.strip()

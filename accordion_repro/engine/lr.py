@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from accordion_repro.engine.settings import OptimSettings
-from accordion_repro.errors import ConfigError
+from accordion_repro.errors import ConfigError, ConfigWarning
 
 
 def _decay_schedule(decay_at: Sequence[float | int], total_epochs: int) -> list[tuple[int, int]]:
@@ -55,7 +55,7 @@ def _decay_schedule(decay_at: Sequence[float | int], total_epochs: int) -> list[
                        else f": it is moved to epoch {taken + 1}")
             warnings.warn(f"optim.decay_at: {d!r} of a {total_epochs}-epoch run rounds to epoch "
                           f"{epoch}, where the decay from {decay_at[out[-1][0]]!r} already is"
-                          f"{outcome}", UserWarning, stacklevel=3)
+                          f"{outcome}", ConfigWarning, stacklevel=3)
             if dropped:
                 continue
             epoch = taken + 1
