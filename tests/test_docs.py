@@ -24,7 +24,7 @@ def test_run_directory_paths_in_the_docs_carry_the_scale():
 
 def test_makefile_demo_comment_matches_its_epochs():
     text = (REPO / "Makefile").read_text()
-    epochs = re.search(r"trainer\.epochs=(\d+)", text.split("demo:")[1]).group(1)
+    epochs = re.search(r"trainer\.epochs=(\d+)", text.split("DEMO_ARGS =")[1]).group(1)
     assert f"for {epochs} short epochs" in text
 
 

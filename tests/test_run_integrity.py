@@ -600,3 +600,4 @@ def test_a_read_only_run_directory_is_refused_in_one_line_before_anything_starts
     [error] = _error_lines(out)
     assert f"cannot write the run directory {run_dir}" in error and "read-only" in error
     assert "Traceback" not in out.stderr and not out.stdout.strip()
+    assert not (run_dir / "summary.json").exists()  # refused before anything started
