@@ -15,18 +15,44 @@ own loop (engine/trainer.py; docs/compressors.md says why that loop stays separa
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import fields
 
+import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from .accordion import DetectorSettings, Plan, build_schedule
 from .comm import level_option
 from .comm.collectives import broadcast_object
-from .comm.ddp_hook import AccordionHookState, accordion_hook
+from .comm.config import SETTINGS as COMPRESSOR_SETTINGS
+from .comm.ddp_hook import AccordionHookState, accordion_hook, check_agreement
 from .comm.stats import CommStats
+from .errors import ConfigError
 
 _STATE_VERSION = 1
+DETECTOR_OPTIONS = tuple(f.name for f in fields(DetectorSettings))
+
+
+class AccordionWarning(UserWarning):
+    """A setting Accordion accepts but that defeats its purpose (a Top-K level that sends more
+    than no compression)."""
+
+
+def _compressor_options(compressor: str, level: str) -> list[str]:
+    """The compressor's own keywords that Accordion passes through (its level is low/high)."""
+    return sorted(f.name for f in fields(COMPRESSOR_SETTINGS[compressor]) if f.name != level)
+
+
+def _in_callers_words(exc: ConfigError, level: str) -> ConfigError:
+    """A ConfigError of the pieces underneath, naming Accordion's own argument, not a config key
+    (`compressor.ratio` is `low`, `schedule.high` is `high`, `schedule.eta` is `eta`)."""
+    names = {f"compressor.{level}": "low", "schedule.low": "low", "schedule.high": "high"}
+    argument = names.get(exc.key, exc.key.split(".")[-1])
+    message = str(exc).removeprefix(f"{exc.key}: ")
+    for key, name in names.items():
+        message = message.replace(key, name)
+    return ConfigError(argument, message)
 
 
 class Accordion:
@@ -45,21 +71,40 @@ class Accordion:
             raise TypeError("Accordion needs the DistributedDataParallel-wrapped model (it "
                             "registers a communication hook on it), got "
                             f"{type(ddp_model).__name__}")
-        option = level_option(compressor)
-        if option is None:
+        if compressor not in COMPRESSOR_SETTINGS or level_option(compressor) is None:
             raise ValueError(f"Accordion adapts a compression level; compressor {compressor!r} "
                              "has none (use powersgd or topk)")
+        option = level_option(compressor)
+        passed = _compressor_options(compressor, option)
+        if option in options:
+            raise TypeError(f"Accordion() takes no {option}=: low and high set each layer's "
+                            f"{option} (got {option}={options[option]!r})")
+        unknown = sorted(set(options) - set(DETECTOR_OPTIONS) - set(passed))
+        if unknown:
+            raise TypeError(
+                f"Accordion() got an unexpected keyword argument {unknown[0]!r}; it takes low, "
+                f"high, async_op, check_levels, the detector's {', '.join(DETECTOR_OPTIONS)} "
+                f"and {compressor}'s {', '.join(passed)}")
         group = ddp_model.process_group
-        detector = {f.name: options.pop(f.name) for f in fields(DetectorSettings) if f.name in options}
+        detector = {name: options.pop(name) for name in DETECTOR_OPTIONS if name in options}
         options = {option: low, **options}
-        self.state = AccordionHookState(ddp_model.module, compressor, group=group,
-                                        async_op=async_op, check_levels=check_levels, **options)
+        world_size = dist.get_world_size(group)
+        try:
+            # The level check runs in this object's forward pre-hook instead (below), where a
+            # rank that calls end_epoch alone meets it before any gradient collective.
+            self.state = AccordionHookState(ddp_model.module, compressor, group=group,
+                                            async_op=async_op, check_levels=False, **options)
+            self.schedule = build_schedule(
+                "accordion", num_layers=len(self.state.layer_names), compressor=compressor,
+                default_level=options[option], base_global_batch=None,
+                world_size=world_size, low=low, high=high, **detector)
+        except ConfigError as exc:
+            raise _in_callers_words(exc, option) from None
         self.rank = dist.get_rank(group)
         self._src = dist.get_global_rank(group, 0)  # the group's rank 0 decides
-        self.schedule = build_schedule(
-            "accordion", num_layers=len(self.state.layer_names), compressor=compressor,
-            default_level=options[option], base_global_batch=None,
-            world_size=dist.get_world_size(group), low=low, high=high, **detector)
+        self.check_levels = bool(check_levels)
+        if compressor == "topk" and self.rank == 0:
+            _warn_above_break_even({"low": low, "high": high}, world_size)
         # Rank 0's local gradients decide, as in the paper's code; the other ranks skip the sums.
         self.detector = self.schedule.make_detector() if self.rank == 0 else None
         if self.detector is not None:
@@ -70,6 +115,14 @@ class Accordion:
         self.report: dict | None = None
         self._group = group
         ddp_model.register_comm_hook(self.state, accordion_hook)
+        if self.check_levels:
+            ddp_model.register_forward_pre_hook(self._check_before_forward)
+
+    def _check_before_forward(self, module, args) -> None:
+        """One 16-byte all-reduce per training forward, before DDP's own collectives (its
+        buffer broadcast): the ranks hold the same levels and none is in end_epoch alone."""
+        if module.training and torch.is_grad_enabled():
+            check_agreement(self.state.reducer)
 
     # ---- what users read ------------------------------------------------------------------
     @property
@@ -81,6 +134,14 @@ class Accordion:
     def levels(self) -> list:
         """The level of each layer in force now."""
         return self.state.levels
+
+    @property
+    def uncompressed_layers(self) -> list[str]:
+        """The layers whose level in force cannot compress them (a PowerSGD rank >= min(n, m),
+        a Top-K fraction that keeps every entry): they are sent whole, as dense all-reduces."""
+        reducer = self.state.reducer
+        return [name for layer, (name, level) in enumerate(zip(self.layer_names, self.levels))
+                if reducer._sends_dense(layer, level)]
 
     def pop_stats(self) -> CommStats:
         """Floats, bytes and collectives this rank sent since the last call."""
@@ -94,14 +155,16 @@ class Accordion:
         epoch + 1 (a decay between them sends every layer to `low`). Rank 0's detector decides;
         the decision is broadcast and every rank's schedule turns it into the same plan.
         """
+        if self.check_levels:  # every rank is here, at the same epoch (one line if not)
+            check_agreement(self.state.reducer, ending_epoch=epoch)
         decision = None
         if self.detector is not None:
             critical = self.detector.end_epoch(epoch, lr_now, lr_next)
             decision = {"critical": critical, "report": self.detector.report}
         decision = broadcast_object(decision, src=self._src, group=self._group)
-        self.report = decision["report"]
         self.plan = self.schedule.on_epoch_end(epoch, decision["critical"])
         self.state.set_levels(self.plan.levels)
+        self.report = {**decision["report"], "uncompressed_layers": self.uncompressed_layers}
         return self.plan
 
     # ---- checkpoints ----------------------------------------------------------------------
@@ -141,4 +204,18 @@ class Accordion:
         self.state.set_level(layer_name, level)
 
 
-__all__ = ["Accordion"]
+def _warn_above_break_even(levels: dict[str, float], world_size: int) -> None:
+    """Top-K's all-gather sends 2 k values and indices from each of `world_size` workers: a
+    layer costs 2 x ratio x world_size of its dense all-reduce, so a ratio at or above
+    1 / (2 x world_size) saves nothing."""
+    break_even = 1 / (2 * world_size)
+    for name, ratio in levels.items():
+        if break_even <= ratio < 1:
+            warnings.warn(
+                f"Accordion: Top-K {name}={ratio:g} on {world_size} ranks sends "
+                f"{2 * ratio * world_size:g}x the floats of no compression (the all-gather "
+                f"sends 2 x k x {world_size}); Top-K saves traffic only below {name}="
+                f"{break_even:g} (1 / (2 x world size))", AccordionWarning, stacklevel=3)
+
+
+__all__ = ["Accordion", "AccordionWarning"]

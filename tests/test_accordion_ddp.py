@@ -428,3 +428,108 @@ def test_detector_fed_in_parts_sums_exactly_like_whole_steps():
         parts.end_step()
     assert whole.end_epoch(0, 0.1, 0.1) == parts.end_epoch(0, 0.1, 0.1)
     assert whole.report == parts.report
+
+
+# ---- Accordion in the caller's words (issue 29) -------------------------------------------------
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A real one-process gloo group, so Accordion can wrap a DDP model in this process."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+BAD_ARGUMENTS = {
+    "topk_low_above_1": (dict(compressor="topk", low=1.5, high=0.1), "ConfigError", "low: "),
+    "topk_high_zero": (dict(compressor="topk", low=0.5, high=0), "ConfigError", "high: "),
+    "powersgd_low_zero": (dict(low=0, high=1), "ConfigError", "low: "),
+    "high_compresses_less": (dict(low=2, high=3), "ConfigError", "high: 3 compresses less than low = 2"),
+    "eta_zero": (dict(low=2, high=1, eta=0), "ConfigError", "eta: "),
+    "interval_zero": (dict(low=2, high=1, interval=0), "ConfigError", "interval: "),
+    "error_feedback_maybe": (dict(low=2, high=1, error_feedback="maybe"), "ConfigError", "error_feedback: "),
+    "misspelled_keyword": (dict(low=2, high=1, etaa=0.3), "TypeError",
+                           "unexpected keyword argument 'etaa'; it takes low, high, async_op, "
+                           "check_levels, the detector's eta, interval, lr_decay_rule, statistic"),
+    "rank_beside_low_high": (dict(low=2, high=1, rank=3), "TypeError", "takes no rank=: low and high"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ARGUMENTS))
+def test_bad_accordion_arguments_are_named_as_the_caller_wrote_them(one_rank_group, case):
+    from accordion_repro.ddp import Accordion
+
+    kwargs, kind, expected = BAD_ARGUMENTS[case]
+    with pytest.raises(Exception) as caught:
+        Accordion(DistributedDataParallel(SmallNet()), **kwargs)
+    assert type(caught.value).__name__ == kind
+    message = str(caught.value)
+    assert message.startswith(expected) or expected in message, message
+    assert "compressor." not in message and "schedule." not in message and "\n" not in message
+    if kind == "TypeError" and "etaa" in message:
+        assert "rank" not in message.split("powersgd's")[1]  # low/high replace the rank
+
+
+def test_a_level_too_high_to_compress_a_layer_is_reported(one_rank_group):
+    from accordion_repro.ddp import Accordion
+
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(SmallNet())
+    # conv.weight is 8 x 27 and fc2.weight 10 x 32: rank 16 cannot compress them; fc1 (32 x 128) can
+    acc = Accordion(ddp, "powersgd", low=16, high=1, interval=1)
+    assert acc.uncompressed_layers == ["conv.weight", "fc2.weight"]
+    x, y = _batch(torch.Generator().manual_seed(0))
+    torch.nn.functional.cross_entropy(ddp(x), y).backward()
+    assert acc.pop_stats().uncompressed_layers == 2  # one step, two layers sent whole
+    acc.end_epoch(0, lr_now=0.1, lr_next=0.1)
+    assert acc.report["uncompressed_layers"] == acc.uncompressed_layers
+
+
+def _misuse_worker(rank):
+    import warnings
+
+    from accordion_repro.comm import EpochMismatchError
+    from accordion_repro.ddp import Accordion, AccordionWarning
+
+    out = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.manual_seed(0)
+        ddp = DistributedDataParallel(SmallNet())
+        acc = Accordion(ddp, "topk", low=0.5, high=0.1)  # the levels of the issue, on 2 ranks
+    out["warnings"] = [str(w.message) for w in caught if issubclass(w.category, AccordionWarning)]
+    x, y = _batch(torch.Generator().manual_seed(rank))
+    torch.nn.functional.cross_entropy(ddp(x), y).backward()
+    out["floats"] = acc.pop_stats().floats_sent
+    out["layers"] = {name: p.numel() for name, p in ddp.module.named_parameters()
+                     if name in acc.layer_names}
+    out["others"] = sum(p.numel() for name, p in ddp.module.named_parameters()
+                        if name not in acc.layer_names)
+    # end_epoch on rank 0 only: rank 1 goes on training
+    try:
+        if rank == 0:
+            acc.end_epoch(0, lr_now=0.1, lr_next=0.1)
+        else:
+            torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        out["end_epoch"] = "no error"
+    except EpochMismatchError as exc:
+        out["end_epoch"] = str(exc)
+    return out
+
+
+@distributed
+def test_topk_above_break_even_warns_once_and_end_epoch_on_one_rank_stops_both(tmp_path):
+    r0, r1 = run_workers(_misuse_worker, tmp_path, timeout=120)
+    [warning] = r0["warnings"]  # rank 0 warns, once, for `low` only
+    assert "low=0.5 on 2 ranks sends 2x the floats of no compression" in warning
+    assert "only below low=0.25" in warning and r1["warnings"] == []
+    dense = sum(r0["layers"].values())
+    kept = sum(max(1, int(0.5 * n)) for n in r0["layers"].values())
+    # the accounting says what the warning says: the all-gather's 2 x k x 2 ranks, above dense
+    assert r0["floats"] == 2 * kept * 2 + r0["others"] and 2 * kept * 2 >= dense
+    assert r0["end_epoch"] == ("rank 0 called Accordion.end_epoch(0) while another rank went on "
+                               "training; call end_epoch on every rank at the end of every epoch")
+    assert r1["end_epoch"].startswith("another rank called Accordion.end_epoch(0) while rank 1 "
+                                      "went on training")

@@ -27,10 +27,11 @@ def build_reducer(name: str, params: Sequence[torch.Tensor], *, group=None, **op
 
 
 # Last: ddp_hook imports build_reducer from this module.
-from .ddp_hook import AccordionHookState, LevelMismatchError, accordion_hook  # noqa: E402
+from .ddp_hook import (AccordionHookState, EpochMismatchError, LevelMismatchError,  # noqa: E402
+                       accordion_hook)
 
 __all__ = [
-    "AccordionHookState", "accordion_hook", "LevelMismatchError",
+    "AccordionHookState", "accordion_hook", "LevelMismatchError", "EpochMismatchError",
     "CommStats", "Reducer", "DenseReducer", "PowerSGDReducer", "TopKReducer",
     "build_reducer", "validate_compressor", "level_kind", "level_option", "compressor_level",
 ]

@@ -139,6 +139,8 @@ class Reducer:
                                  f"expected {self.shapes[pos]}")
             layer = self.layer_of_tensor[pos]
             if layer is None or self._sends_dense(layer, self.levels[layer]):
+                if layer is not None:
+                    stats.uncompressed_layers += 1
                 if layer is not None and self.memory[layer] is not None:
                     grad.add_(self.memory[layer].view_as(grad))  # the memory is sent in full
                     self.memory[layer].zero_()

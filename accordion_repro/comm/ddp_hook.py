@@ -51,6 +51,10 @@ class LevelMismatchError(RuntimeError):
     """Ranks hold different compression levels (each rank raises it, in one line)."""
 
 
+class EpochMismatchError(RuntimeError):
+    """Accordion.end_epoch was called on some ranks and not others, or with other epochs."""
+
+
 @lru_cache(maxsize=64)
 def _fingerprint(compressor: str, levels: tuple) -> int:
     """The same number on every process for the same levels (Python's hash() is salted)."""
@@ -58,24 +62,45 @@ def _fingerprint(compressor: str, levels: tuple) -> int:
                       .encode())
 
 
-def check_agreement(reducer: Reducer) -> None:
-    """Raise LevelMismatchError on every rank unless all ranks hold the reducer's levels.
+# What a rank in Accordion.end_epoch(epoch) sends in place of its fingerprint: above any crc32.
+END_EPOCH_MARK = 1 << 40
+
+
+def check_agreement(reducer: Reducer, ending_epoch: int | None = None) -> None:
+    """Raise on every rank unless all ranks hold the reducer's levels and, with
+    `ending_epoch`, all are in Accordion.end_epoch of that epoch.
 
     Ranks whose levels differ would hand collectives of different sizes to the backend, which
     fails deep inside gloo ("Received data size doesn't match expected size"), hangs, or, when
     the sizes happen to agree, silently averages unrelated numbers. One tiny all-reduce (the
-    largest and smallest fingerprint of the levels) turns that into a one-line error.
+    largest and smallest fingerprint of the levels) turns that into a one-line error. A rank in
+    end_epoch sends the same all-reduce with END_EPOCH_MARK + epoch, so a rank that calls
+    end_epoch alone meets the others' step check (same shape) instead of a gradient collective.
     """
     levels = reducer.levels
-    largest, smallest = reducer.comm.max_and_min(_fingerprint(reducer.name, tuple(levels)),
-                                                 reducer.device)
-    if largest != smallest:
-        counts = ", ".join(f"{n} at {lv}" for lv, n in Counter(levels).most_common())
-        raise LevelMismatchError(
-            f"compression levels differ between ranks (rank {reducer.comm.rank} has "
-            f"{len(levels)} layers: {counts}); every rank must apply the same levels: "
-            "Accordion.end_epoch broadcasts rank 0's decision, set_levels must be called alike "
-            "on every rank")
+    mine = (_fingerprint(reducer.name, tuple(levels)) if ending_epoch is None
+            else END_EPOCH_MARK + ending_epoch)
+    largest, smallest = reducer.comm.max_and_min(mine, reducer.device)
+    if largest == smallest:
+        return
+    rank = reducer.comm.rank
+    if largest >= END_EPOCH_MARK:
+        if smallest >= END_EPOCH_MARK:
+            what = (f"ranks called Accordion.end_epoch with different epochs "
+                    f"({smallest - END_EPOCH_MARK} and {largest - END_EPOCH_MARK})")
+        elif ending_epoch is None:
+            what = (f"another rank called Accordion.end_epoch({largest - END_EPOCH_MARK}) while "
+                    f"rank {rank} went on training")
+        else:
+            what = (f"rank {rank} called Accordion.end_epoch({ending_epoch}) while another rank "
+                    f"went on training")
+        raise EpochMismatchError(f"{what}; call end_epoch on every rank at the end of every epoch")
+    counts = ", ".join(f"{n} at {lv}" for lv, n in Counter(levels).most_common())
+    raise LevelMismatchError(
+        f"compression levels differ between ranks (rank {rank} has "
+        f"{len(levels)} layers: {counts}); every rank must apply the same levels: "
+        "Accordion.end_epoch broadcasts rank 0's decision, set_levels must be called alike "
+        "on every rank")
 
 
 class _Job:

@@ -22,6 +22,9 @@ class CommStats:
     collectives: int = 0
     allgather_bytes: int = 0  # of bytes_sent, what went into all-gathers
     allgathers: int = 0       # of collectives, how many were all-gathers
+    # compressible layers sent uncompressed because their level cannot compress them (a
+    # PowerSGD rank >= min(n, m), a Top-K fraction that keeps every entry), summed over steps
+    uncompressed_layers: int = 0
 
     def __add__(self, other: "CommStats") -> "CommStats":
         return CommStats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
