@@ -21,6 +21,16 @@ torch.set_num_threads(1)
 os.environ.setdefault("WANDB_SILENT", "true")
 
 
+def load_script(name: str):
+    """scripts/<name>.py as a module (the scripts are not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def compose_cfg(overrides: list[str]):
     from hydra import compose, initialize_config_dir
 

@@ -580,13 +580,8 @@ def test_cifar_config_node_loads_real_format_files(tmp_path):
 
 # ---- the whole-CIFAR file's builder (scripts/build_cifar10_jpeg_npz.py) -------------------------
 def _builder():
-    import importlib.util
-
-    from conftest import REPO
-    spec = importlib.util.spec_from_file_location("builder", REPO / "scripts" / "build_cifar10_jpeg_npz.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from conftest import load_script
+    return load_script("build_cifar10_jpeg_npz")
 
 
 def test_the_cifar10_jpeg_builder_writes_what_the_npz_loader_reads(tmp_path):

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
-from conftest import REPO, compose_cfg
+from conftest import compose_cfg, load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("reproduce_cpu", REPO / "scripts" / "reproduce_cpu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("reproduce_cpu")
 
 
 def test_every_reproduction_run_is_a_preset_that_composes_at_cpu_scale(tmp_path):
