@@ -131,6 +131,8 @@ def validate(cfg: DictConfig) -> None:
     dataset_is_text = c["dataset"]["name"] in ("wikitext2", "synthetic_text")
     _require(is_text == dataset_is_text, "dataset.name",
              f"model {c['model']['name']!r} cannot train on dataset {c['dataset']['name']!r}")
+    _require(not (is_text and t.channels_last), "trainer.channels_last",
+             "is for convolutional image models; the LSTM has no 4-D tensors to lay out")
 
     comp = dict(c["compressor"])
     comp_name = comp.pop("name")

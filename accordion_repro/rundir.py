@@ -77,6 +77,10 @@ class RunRecordGap(RuntimeError):
     """metrics.jsonl lacks epochs the checkpoint has passed and they cannot be rebuilt."""
 
 
+# Keys added after runs were made: a run directory whose config lacks one ran as this value.
+ADDED_KEYS = {"trainer.precision": "fp32", "trainer.channels_last": False}
+
+
 def _flatten(mapping, prefix: str = "") -> dict:
     flat = {}
     for key, value in mapping.items():
@@ -102,7 +106,8 @@ def config_delta(old: dict, new: dict) -> dict[str, list]:
     for key in sorted(set(a) | set(b)):
         if key != "scale.name" and (key in IGNORED_KEYS or key.startswith(IGNORED_PREFIXES)):
             continue
-        before, after = a.get(key, "<absent>"), b.get(key, "<absent>")
+        before = a.get(key, ADDED_KEYS.get(key, "<absent>"))
+        after = b.get(key, ADDED_KEYS.get(key, "<absent>"))
         if key == "dataset.path" and _file_names(before) == _file_names(after):
             continue
         if before != after:

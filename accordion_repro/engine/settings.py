@@ -31,6 +31,8 @@ class TrainerSettings(Settings):
     checkpoint: bool = option(Options.get)
     reshuffle_each_epoch: bool = option(Options.get)
     deterministic: bool = option(Options.get)
+    precision: str = option(Options.choice, ("fp32", "bf16", "fp16"))  # engine/precision.py
+    channels_last: bool = option(Options.flag)  # NHWC conv weights and inputs (image models)
 
     @property
     def use_cuda(self) -> bool:

@@ -22,8 +22,10 @@ class ImageClassificationTask:
     metric = "test_acc"
 
     def __init__(self, bundle, *, rank: int, world_size: int, device: torch.device, seed: int,
-                 num_workers: int, reshuffle_each_epoch: bool, eval_batch_size: int):
+                 num_workers: int, reshuffle_each_epoch: bool, eval_batch_size: int,
+                 channels_last: bool = False):
         self.bundle, self.rank, self.world_size = bundle, rank, world_size
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.device, self.seed, self.num_workers = device, seed, num_workers
         self.reshuffle_each_epoch, self.eval_batch_size = reshuffle_each_epoch, eval_batch_size
 
@@ -37,7 +39,10 @@ class ImageClassificationTask:
                               reshuffle_each_epoch=self.reshuffle_each_epoch, seed=self.seed,
                               num_workers=self.num_workers)
         for x, y in loader:
-            yield x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            yield self._inputs(x), y.to(self.device, non_blocking=True)
+
+    def _inputs(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(self.device, non_blocking=True).contiguous(memory_format=self.memory_format)
 
     def start_epoch(self, model, batch_size: int) -> None:
         pass
@@ -64,7 +69,7 @@ class ImageClassificationTask:
                                              shuffle=False, num_workers=self.num_workers)
         total_loss, correct, seen = 0.0, 0, 0
         for x, y in loader:
-            x, y = x.to(self.device), y.to(self.device)
+            x, y = self._inputs(x), y.to(self.device)
             logits = model(x)
             total_loss += F.cross_entropy(logits, y, reduction="sum").item()
             correct += (logits.argmax(1) == y).sum().item()
@@ -131,4 +136,5 @@ def build_task(bundle, cfg: dict, trainer: TrainerSettings, *, rank: int, world_
     num_workers = trainer.num_workers if trainer.num_workers != "auto" else (4 if trainer.use_cuda else 0)
     return ImageClassificationTask(bundle, **where, seed=int(cfg["seed"]), num_workers=num_workers,
                                    reshuffle_each_epoch=bool(trainer.reshuffle_each_epoch),
-                                   eval_batch_size=trainer.eval_batch_size)
+                                   eval_batch_size=trainer.eval_batch_size,
+                                   channels_last=trainer.channels_last)

@@ -32,6 +32,7 @@ from accordion_repro.data import build_data
 from accordion_repro.engine import checkpoint, stop
 from accordion_repro.engine.lr import build_epoch_lr
 from accordion_repro.engine.optim import build_optimizer
+from accordion_repro.engine.precision import LossScaler, autocast
 from accordion_repro.engine.settings import OptimSettings, TrainerSettings
 from accordion_repro.engine.tasks import build_task
 from accordion_repro.errors import ConfigWarning, TrainingDiverged
@@ -76,6 +77,9 @@ class Trainer:
         model_opts = {k: v for k, v in cfg["model"].items() if k != "name"}
         self.model = build_model(cfg["model"]["name"], num_classes=self.bundle.num_classes,
                                  vocab_size=self.bundle.vocab_size, **model_opts).to(self.device)
+        if t.channels_last:  # conv weights NHWC; the reducer sees their logical (NCHW) order
+            self.model = self.model.to(memory_format=torch.channels_last)
+        self.scaler = LossScaler() if t.precision == "fp16" else None
         self._broadcast_model()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
 
@@ -138,6 +142,8 @@ class Trainer:
         if self.detector is not None and shared.get("detector") is not None:
             self.detector.load_state_dict(shared["detector"], strict=not self.config_change)
         self.plan = shared["plan"]
+        if self.scaler is not None:
+            self.scaler.load_state_dict(shared["loss_scale"])
         self.start_epoch = int(shared["epoch"]) + 1
         self.wandb_id = shared.get("wandb_id")
         self.totals = shared["totals"]
@@ -153,6 +159,7 @@ class Trainer:
                       "detector": self.detector.state_dict() if self.detector is not None else None,
                       "plan": self.plan, "wandb_id": self.logger.wandb_id, "totals": self.totals,
                       "metric_lines": self.metric_lines,
+                      "loss_scale": None if self.scaler is None else self.scaler.state_dict(),
                       "config": {k: v for k, v in self.cfg.items() if k != "_config_change"}}
         checkpoint.save(self.run_dir, shared, {"reducer": self.reducer.state_dict(),
                                                "rng": checkpoint.rng_state()})
@@ -177,7 +184,8 @@ class Trainer:
                     record["config_change"] = self.config_change
                 if self.rank == 0:  # rank 0's replica is the one reported, as in the official code
                     self.model.eval()
-                    record.update(self.task.evaluate(self.model, t.max_eval_steps))
+                    with autocast(self.device, t.precision):
+                        record.update(self.task.evaluate(self.model, t.max_eval_steps))
                 record.update(self._end_epoch(epoch))
                 if self.rank == 0:  # only rank 0 evaluated
                     self.metric_lines.append(self.logger.log_epoch(record))
@@ -274,7 +282,7 @@ class Trainer:
         # kept so that only a diverged epoch is searched for its step.
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         step_losses = torch.zeros(steps_total, dtype=torch.float64, device=self.device)
-        steps = 0
+        steps = skipped = 0
         compute_s = comm_s = 0.0
         _sync(self.device)
         epoch_start = time.perf_counter()
@@ -283,14 +291,18 @@ class Trainer:
             if signum := self._max_over_ranks(stop.requested()):  # all ranks stop after one step
                 bar.close()
                 raise _StopRequested(signum, epoch, steps)
-            (step_loss, grads), local_s = self._timed(self._local_gradient, batches, accum)
+            (step_loss, grads, overflow), local_s = self._timed(self._local_gradient, batches, accum)
             if grads is None:
                 break
-            stats, reduce_s = self._timed(self.reducer.reduce, grads, self.plan.levels)
-            _, update_s = self._timed(self._update, grads)
-            compute_s += local_s + update_s
-            comm_s += reduce_s
-            comm += stats
+            if overflow:  # fp16: skipped on every rank, the loss scale halved
+                skipped += 1
+                compute_s += local_s
+            else:
+                stats, reduce_s = self._timed(self.reducer.reduce, grads, self.plan.levels)
+                _, update_s = self._timed(self._update, grads)
+                compute_s += local_s + update_s
+                comm_s += reduce_s
+                comm += stats
             loss_sum += step_loss
             step_losses[steps] = step_loss
             steps += 1
@@ -304,7 +316,9 @@ class Trainer:
         self.totals["floats"] += comm.floats_sent
         self.totals["bytes"] += comm.bytes_sent
         self.totals["train_time_s"] += epoch_time
-        return {"epoch": epoch, "lr": lr, "train_loss": train_loss, "steps": steps,
+        amp = {} if self.scaler is None else {"amp_skipped_steps": skipped,
+                                              "loss_scale": self.scaler.scale}
+        return {"epoch": epoch, "lr": lr, "train_loss": train_loss, "steps": steps, **amp,
                 "batch_size": global_batch, "global_batch": global_batch, "micro_batch": micro,
                 "accumulation": accum, "floats_sent": comm.floats_sent, "bytes_sent": comm.bytes_sent,
                 "collectives": comm.collectives, "allgather_bytes_sent": comm.allgather_bytes,
@@ -319,27 +333,32 @@ class Trainer:
         return out, time.perf_counter() - start
 
     def _local_gradient(self, batches, accum: int):
-        """This worker's step loss and gradient (None when the data ran out) over `accum`
-        micro-batches, clipped under clip_point=local; the detector sees it uncompressed."""
+        """This worker's step loss, gradient (None when the data ran out) over `accum`
+        micro-batches, clipped under clip_point=local (the detector sees it uncompressed), and
+        whether an fp16 step overflowed on some rank (then it is skipped everywhere)."""
         for p in self.params:
             p.grad = None
         step_loss, got = torch.zeros((), dtype=torch.float64, device=self.device), 0
         for batch in batches:
-            loss = self.task.loss(self.model, batch)
-            (loss / accum).backward()
+            with autocast(self.device, self.settings.precision):
+                loss = self.task.loss(self.model, batch)
+            scaled = loss if self.scaler is None else self.scaler.scaled(loss)
+            (scaled / accum).backward()
             step_loss += loss.detach() / accum
             got += 1
             if got == accum:
                 break
         if got == 0:
-            return step_loss, None
+            return step_loss, None, False
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        if self.scaler is not None and self.scaler.unscale(grads, self._max_over_ranks):
+            return step_loss, grads, True
         clip = self.optim.clip_grad_norm
         if clip and self.optim.clip_point == "local":  # p.grad is still this worker's own gradient
             torch.nn.utils.clip_grad_norm_(self.params, clip)
         if self.detector is not None:
             self.detector.accumulate([grads[i] for i in self.compressible])
-        return step_loss, grads
+        return step_loss, grads, False
 
     def _update(self, grads: list[torch.Tensor]) -> None:
         """The optimizer step on the reduced gradient (clipped here under clip_point=averaged)."""
