@@ -96,7 +96,7 @@ def validate(cfg: DictConfig) -> None:
     """Raise ConfigError (or DatasetMissingError) for anything that would fail later."""
     from accordion_repro.accordion import SCHEDULES, validate_schedule
     from accordion_repro.comm import validate_compressor
-    from accordion_repro.data import DATASET_NAMES, check_dataset
+    from accordion_repro.data import DATASET_NAMES, PIPELINES, check_dataset
     from accordion_repro.models import MODEL_NAMES
 
     # Names first: other values may be looked up by them (scale maps are keyed by dataset).
@@ -133,6 +133,8 @@ def validate(cfg: DictConfig) -> None:
              f"model {c['model']['name']!r} cannot train on dataset {c['dataset']['name']!r}")
     _require(not (is_text and t.channels_last), "trainer.channels_last",
              "is for convolutional image models; the LSTM has no 4-D tensors to lay out")
+    if not is_text:
+        Options("dataset", c["dataset"]).choice("pipeline", PIPELINES)
 
     comp = dict(c["compressor"])
     comp_name = comp.pop("name")

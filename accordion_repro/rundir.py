@@ -78,7 +78,7 @@ class RunRecordGap(RuntimeError):
 
 
 # Keys added after runs were made: a run directory whose config lacks one ran as this value.
-ADDED_KEYS = {"trainer.precision": "fp32", "trainer.channels_last": False}
+ADDED_KEYS = {"trainer.precision": "fp32", "trainer.channels_last": False, "dataset.pipeline": "pil"}
 
 
 def _flatten(mapping, prefix: str = "") -> dict:

@@ -2,9 +2,11 @@
 
 from .bundle import DataBundle
 from .images import CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD
-from .loaders import batchify, bptt_windows, image_loader
+from .device_pipeline import PIPELINES, DeviceImages
+from .loaders import batchify, bptt_windows, epoch_sampler, image_loader
 from .registry import DATASET_NAMES, build_data, check_dataset, prepare_dataset
 
 __all__ = ["DataBundle", "DATASET_NAMES", "build_data", "check_dataset", "prepare_dataset", "image_loader",
+           "epoch_sampler", "DeviceImages", "PIPELINES",
            "batchify", "bptt_windows", "CIFAR10_MEAN", "CIFAR10_STD", "CIFAR100_MEAN",
            "CIFAR100_STD"]

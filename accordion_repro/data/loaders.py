@@ -15,15 +15,23 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 
+def epoch_sampler(dataset, *, rank: int, world_size: int, epoch: int, shuffle: bool,
+                  reshuffle_each_epoch: bool, seed: int) -> DistributedSampler:
+    """This rank's share of one epoch, in order (both image pipelines walk it)."""
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
+                                 seed=seed, drop_last=False)
+    sampler.set_epoch(epoch if reshuffle_each_epoch else 0)
+    return sampler
+
+
 def image_loader(dataset, *, batch_size: int, rank: int, world_size: int, epoch: int,
                  shuffle: bool, reshuffle_each_epoch: bool, seed: int, num_workers: int = 0,
                  drop_last: bool = False) -> DataLoader:
     """This rank's loader for one epoch; `drop_last` drops the rank's last partial batch."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
-                                 seed=seed, drop_last=False)
-    sampler.set_epoch(epoch if reshuffle_each_epoch else 0)
+    sampler = epoch_sampler(dataset, rank=rank, world_size=world_size, epoch=epoch,
+                            shuffle=shuffle, reshuffle_each_epoch=reshuffle_each_epoch, seed=seed)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
                       pin_memory=torch.cuda.is_available(), persistent_workers=False,
                       drop_last=drop_last)

@@ -13,7 +13,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from accordion_repro.data import batchify, bptt_windows, image_loader
+from accordion_repro.data import DeviceImages, batchify, bptt_windows, epoch_sampler, image_loader
 from accordion_repro.engine.settings import TrainerSettings
 from accordion_repro.models import detach_hidden
 
@@ -23,8 +23,10 @@ class ImageClassificationTask:
 
     def __init__(self, bundle, *, rank: int, world_size: int, device: torch.device, seed: int,
                  num_workers: int, reshuffle_each_epoch: bool, eval_batch_size: int,
-                 channels_last: bool = False):
+                 channels_last: bool = False, pipeline: str = "pil"):
         self.bundle, self.rank, self.world_size = bundle, rank, world_size
+        self.pipeline = pipeline
+        self._on_device: dict[str, DeviceImages] = {}  # dataset.pipeline=device: split -> images
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.device, self.seed, self.num_workers = device, seed, num_workers
         self.reshuffle_each_epoch, self.eval_batch_size = reshuffle_each_epoch, eval_batch_size
@@ -33,7 +35,19 @@ class ImageClassificationTask:
         per_rank = math.ceil(len(self.bundle.train) / self.world_size)
         return math.ceil(per_rank / batch_size)
 
+    def _device_split(self, split: str) -> DeviceImages:
+        if split not in self._on_device:
+            self._on_device[split] = DeviceImages(getattr(self.bundle, split), self.device)
+        return self._on_device[split]
+
     def train_batches(self, epoch: int, micro_batch: int) -> Iterator:
+        if self.pipeline == "device":
+            order = list(epoch_sampler(self.bundle.train, rank=self.rank, world_size=self.world_size,
+                                       epoch=epoch, shuffle=True, seed=self.seed,
+                                       reshuffle_each_epoch=self.reshuffle_each_epoch))
+            for x, y in self._device_split("train").batches(order, micro_batch):
+                yield self._inputs(x), y
+            return
         loader = image_loader(self.bundle.train, batch_size=micro_batch, rank=self.rank,
                               world_size=self.world_size, epoch=epoch, shuffle=True,
                               reshuffle_each_epoch=self.reshuffle_each_epoch, seed=self.seed,
@@ -51,22 +65,31 @@ class ImageClassificationTask:
         x, y = batch
         return F.cross_entropy(model(x), y)
 
-    def _eval_set(self, max_steps: int | None):
-        """The test split, or a fixed random sample of max_steps batches of it.
+    def _eval_indices(self, max_steps: int | None) -> list[int]:
+        """The whole test split, or a fixed random sample of max_steps batches of it.
 
         A sample, not the first batches: test sets are often stored sorted by class. The sample
         depends on nothing but the split's size, so every run is scored on the same images.
         """
+        size = len(self.bundle.test)
+        if max_steps is None or max_steps * self.eval_batch_size >= size:
+            return list(range(size))
+        order = torch.randperm(size, generator=torch.Generator().manual_seed(0))
+        return order[:max_steps * self.eval_batch_size].sort().values.tolist()
+
+    def _eval_batches(self, max_steps: int | None) -> Iterator:
+        indices = self._eval_indices(max_steps)
+        if self.pipeline == "device":
+            yield from self._device_split("test").batches(indices, self.eval_batch_size)
+            return
         test = self.bundle.test
-        if max_steps is None or max_steps * self.eval_batch_size >= len(test):
-            return test
-        order = torch.randperm(len(test), generator=torch.Generator().manual_seed(0))
-        return torch.utils.data.Subset(test, order[:max_steps * self.eval_batch_size].sort().values.tolist())
+        subset = test if len(indices) == len(test) else torch.utils.data.Subset(test, indices)
+        yield from torch.utils.data.DataLoader(subset, batch_size=self.eval_batch_size,
+                                               shuffle=False, num_workers=self.num_workers)
 
     @torch.no_grad()
     def evaluate(self, model, max_steps: int | None) -> dict:
-        loader = torch.utils.data.DataLoader(self._eval_set(max_steps), batch_size=self.eval_batch_size,
-                                             shuffle=False, num_workers=self.num_workers)
+        loader = self._eval_batches(max_steps)
         total_loss, correct, seen = 0.0, 0, 0
         for x, y in loader:
             x, y = self._inputs(x), y.to(self.device)
@@ -137,4 +160,5 @@ def build_task(bundle, cfg: dict, trainer: TrainerSettings, *, rank: int, world_
     return ImageClassificationTask(bundle, **where, seed=int(cfg["seed"]), num_workers=num_workers,
                                    reshuffle_each_epoch=bool(trainer.reshuffle_each_epoch),
                                    eval_batch_size=trainer.eval_batch_size,
-                                   channels_last=trainer.channels_last)
+                                   channels_last=trainer.channels_last,
+                                   pipeline=cfg["dataset"]["pipeline"])
