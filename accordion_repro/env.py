@@ -27,3 +27,13 @@ def env_rank() -> int:
     """This process's rank under torchrun or Slurm (0 when it is on its own)."""
     layout = os.environ if "RANK" in os.environ else slurm_env() or {}
     return int(layout.get("RANK", 0))
+
+
+def local_cuda_device(device_count: int) -> int:
+    """The CUDA device this process trains on: its LOCAL_RANK (torchrun, the local spawner, or
+    Slurm's SLURM_LOCALID) modulo the devices it can see (one, where Slurm binds a GPU per task)."""
+    if device_count < 1:
+        raise RuntimeError("trainer.device=cuda but no CUDA device is visible to this process")
+    slurm = slurm_env() if "LOCAL_RANK" not in os.environ else None
+    local_rank = int((slurm or os.environ).get("LOCAL_RANK", "0"))
+    return local_rank % device_count

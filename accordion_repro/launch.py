@@ -42,7 +42,7 @@ import torch.multiprocessing as mp
 
 from accordion_repro.engine import stop
 from accordion_repro.engine.settings import DistSettings, TrainerSettings
-from accordion_repro.env import env_rank, env_world_size, slurm_env
+from accordion_repro.env import env_rank, env_world_size, local_cuda_device, slurm_env
 from accordion_repro.errors import TrainingDiverged
 from accordion_repro.runlog import read_summary, write_summary
 
@@ -91,12 +91,20 @@ def _first_slurm_host() -> str:
     return m.group(1) + (m.group(2) or "")
 
 
-def _join_env_group(backend: str, timeout_s: int) -> None:
+def bind_cuda_device(cfg: dict) -> None:
+    """Make this rank's GPU the current device before its process group exists: NCCL binds each
+    communicator to the current device, and every rank left on device 0 would share one GPU."""
+    if TrainerSettings.from_config(cfg["trainer"]).use_cuda:
+        torch.cuda.set_device(local_cuda_device(torch.cuda.device_count()))
+
+
+def _join_env_group(cfg: dict, backend: str, timeout_s: int) -> None:
     slurm = slurm_env() if "RANK" not in os.environ else None
     if slurm:
         os.environ.update(slurm)
         os.environ.setdefault("MASTER_ADDR", _first_slurm_host())
         os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000))
+    bind_cuda_device(cfg)
     dist.init_process_group(backend=backend, init_method="env://",
                             timeout=datetime.timedelta(seconds=timeout_s))
 
@@ -145,6 +153,7 @@ def _spawned_worker(local_rank: int, cfg: dict, run_dir: str, settings: DistSett
     _limit_threads(world_size)
     if local_rank == 0:
         _rank0_logging(Path(run_dir))
+    bind_cuda_device(cfg)
     dist.init_process_group(backend=resolve_backend(cfg, settings), init_method=f"file://{store_file}",
                             rank=local_rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=int(settings.timeout_s)))
@@ -210,7 +219,7 @@ def launch(cfg: dict, run_dir: Path) -> None:
     requeue = submitit_requeue_signal()
     submitit_handler = signal.getsignal(requeue) if requeue else None
     if settings.launcher in ("auto", "env") and env_world_size() is not None:
-        _join_env_group(resolve_backend(cfg, settings), int(settings.timeout_s))
+        _join_env_group(cfg, resolve_backend(cfg, settings), int(settings.timeout_s))
         _limit_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         _run(cfg, run_dir, in_group=True)
         _end_of_run(run_dir, submitit_handler, leader=env_rank() == 0)

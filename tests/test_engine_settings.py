@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 
 from accordion_repro.engine.settings import DistSettings, OptimSettings, TrainerSettings
 from accordion_repro.errors import ConfigError
-from conftest import CONF_DIR
+from conftest import CONF_DIR, compose_cfg
 
 SETTINGS = {"trainer": (TrainerSettings, "trainer/default"), "optim": (OptimSettings, "optim/sgd"),
             "dist": (DistSettings, "dist/default")}
@@ -61,3 +61,39 @@ def test_a_missing_option_is_required():
     del values["epochs"]
     with pytest.raises(ConfigError, match="trainer.epochs: is required"):
         TrainerSettings.from_config(values)
+
+
+# ---- the CUDA device of a rank (launch.bind_cuda_device), checked on the CPU ---------------------
+@pytest.mark.parametrize("env, count, expected", [
+    ({"LOCAL_RANK": "3"}, 4, 3),                                    # torchrun / the local spawner
+    ({"LOCAL_RANK": "3"}, 2, 1),
+    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1"}, 4, 1),  # srun
+    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1"}, 1, 0),  # one GPU bound per task
+    ({}, 2, 0),
+], ids=["torchrun", "torchrun_wraps", "slurm", "slurm_one_gpu_per_task", "alone"])
+def test_each_rank_takes_its_local_cuda_device(monkeypatch, env, count, expected):
+    from accordion_repro.env import local_cuda_device
+
+    for key in ("LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "RANK"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert local_cuda_device(count) == expected
+
+
+def test_the_device_is_bound_before_the_process_group_is_made(monkeypatch):
+    """NCCL binds a communicator to the current device at init: set_device must come first."""
+    import torch
+    import torch.distributed as dist
+
+    from accordion_repro import launch
+
+    calls = []
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: calls.append(("set_device", index)))
+    monkeypatch.setattr(dist, "init_process_group", lambda **kw: calls.append(("init", kw["backend"])))
+    trainer = OmegaConf.to_container(compose_cfg(["trainer.device=cuda"]).trainer, resolve=True)
+    cfg = {"trainer": trainer}
+    launch._join_env_group(cfg, "nccl", 60)
+    assert calls == [("set_device", 1), ("init", "nccl")]

@@ -54,7 +54,9 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        # every device's stream, as many as this process sees (a resume may see fewer or more)
+        for index, device_state in enumerate(state["cuda"][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(device_state, index)
 
 
 def to_plain(value):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import random
 import signal
 import sys
@@ -35,6 +34,7 @@ from accordion_repro.engine.optim import build_optimizer
 from accordion_repro.engine.precision import LossScaler, autocast
 from accordion_repro.engine.settings import OptimSettings, TrainerSettings
 from accordion_repro.engine.tasks import build_task
+from accordion_repro.env import local_cuda_device
 from accordion_repro.errors import ConfigWarning, TrainingDiverged
 from accordion_repro.runlog import NullRunLogger, RunLogger
 from accordion_repro.models import build_model, count_parameters
@@ -61,7 +61,7 @@ class Trainer:
         self.settings = t = TrainerSettings.from_config(cfg["trainer"])
         self.optim = OptimSettings.from_config(cfg["optim"])
         if t.use_cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+            torch.cuda.set_device(local_cuda_device(torch.cuda.device_count()))  # as launch did
             self.device = torch.device("cuda", torch.cuda.current_device())
             torch.backends.cudnn.benchmark = not t.deterministic
             torch.backends.cudnn.deterministic = bool(t.deterministic)
