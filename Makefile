@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 RUNS    ?= results/runs
 NET     ?= 10gbit
 
-.PHONY: install test test-fast demo figures bench bench-models bench-network reproduce-cpu reproduce-cpu-full clean-demo help
+.PHONY: install test test-fast demo figures bench bench-models bench-network gpu-check reproduce-cpu reproduce-cpu-full clean-demo help
 
 help:
 	@echo "make install | test | demo | figures [RUNS=dir NET=10gbit] | bench | bench-network | reproduce-cpu | reproduce-cpu-full"
@@ -40,8 +40,15 @@ figures: $(STAMP)
 bench: $(STAMP)
 	$(PYTHON) scripts/bench_compressors.py && $(PYTHON) scripts/bench_ddp.py
 
+# Every model's step time (the cost model's compute), then what makes a step cheaper here:
+# bf16, channels_last, torch.compile and the device-side input pipeline against fp32 / PIL.
 bench-models: $(STAMP)
-	$(PYTHON) scripts/bench_models.py
+	$(PYTHON) scripts/bench_models.py && $(PYTHON) scripts/bench_step_options.py
+
+# The CUDA/NCCL path and step times on one GPU (scripts/gpu_check.py): one line and exit 0 where
+# there is none; results/gpu/<date>/ to commit where there is.
+gpu-check: $(STAMP)
+	$(PYTHON) scripts/gpu_check.py
 
 bench-network: $(STAMP)
 	$(PYTHON) scripts/bench_network.py
