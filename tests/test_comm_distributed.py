@@ -29,6 +29,10 @@ def _entry(rank, fn, port, out_dir):
                             world_size=WORLD)
     try:
         torch.save(fn(rank), os.path.join(out_dir, f"rank{rank}.pt"))
+        # Every rank's last collective is done before any rank tears the group down (the README
+        # example's sequence): a rank that destroys it while its peer still sends can end in a
+        # gloo abort (SIGABRT), seen once in a suite run on a loaded machine.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
