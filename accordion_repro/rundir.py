@@ -78,7 +78,14 @@ class RunRecordGap(RuntimeError):
 
 
 # Keys added after runs were made: a run directory whose config lacks one ran as this value.
-ADDED_KEYS = {"trainer.precision": "fp32", "trainer.channels_last": False, "dataset.pipeline": "pil"}
+ADDED_KEYS = {"trainer.precision": "fp32", "trainer.channels_last": False, "dataset.pipeline": "pil",
+              "schedule.detect": False}
+# A static schedule without `detect` runs no detector: its detector options compute nothing.
+DETECTOR_KEYS = {"schedule.eta", "schedule.interval", "schedule.lr_decay_rule", "schedule.statistic"}
+
+
+def _runs_no_detector(flat: dict) -> bool:
+    return flat.get("schedule.name") == "static" and not flat.get("schedule.detect", False)
 
 
 def _flatten(mapping, prefix: str = "") -> dict:
@@ -102,9 +109,12 @@ def config_delta(old: dict, new: dict) -> dict[str, list]:
     dataset.path may move between machines; only its file names must still agree.
     """
     a, b = _flatten(old), _flatten(new)
+    inert = DETECTOR_KEYS if _runs_no_detector(a) and _runs_no_detector(b) else set()
     delta = {}
     for key in sorted(set(a) | set(b)):
         if key != "scale.name" and (key in IGNORED_KEYS or key.startswith(IGNORED_PREFIXES)):
+            continue
+        if key in inert:
             continue
         before = a.get(key, ADDED_KEYS.get(key, "<absent>"))
         after = b.get(key, ADDED_KEYS.get(key, "<absent>"))

@@ -80,6 +80,19 @@ ETA_SWEEP = {
          "run.table=null", f"run.label='Accordion 2<->1 (eta {eta})'"])
     for eta in ("0.2", "0.3")
 }
+# The paired precision check (issue 22: a faster option is used at a new scale only if it keeps
+# the final accuracy within the seed spread): Table 1's dense and rank-1 cells at scale=cpu_full,
+# seed 42, in bf16 autocast with channels_last, against the fp32 runs of the same seed.
+PRECISION_CHECK = {
+    f"precision_check/{cell}_bf16_channels_last": (
+        f"table1/{cell}",
+        ["trainer.precision=bf16", "trainer.channels_last=true",
+         f"run.name=precision_check/{cell}_bf16_channels_last", "run.table=null",
+         f"run.label='{label} (bf16, channels_last)'"])
+    for cell, label in (("resnet18_powersgd_dense", "Dense"),
+                        ("resnet18_powersgd_static_high", "Rank 1"))
+}
+VARIANTS = {**ETA_SWEEP, **PRECISION_CHECK}  # run name -> (preset, overrides)
 STUDIES = {
     "cpu": {"scale": "cpu", "data_check": "cifar10-sample", "runs": "cpu"},
     "cpu_full": {"scale": "cpu_full", "data_check": "cifar10-jpeg-full", "runs": "cpu_full"},
@@ -98,7 +111,7 @@ def command(preset: str, seed: int, data: Path, out: Path, extra: list[str],
         dataset = ["dataset=cifar10_jpeg"]
     else:
         dataset = ["dataset=npz"]
-    experiment, variant = ETA_SWEEP.get(preset, (preset, []))
+    experiment, variant = VARIANTS.get(preset, (preset, []))
     windows = []
     if study == "cpu_full" and preset in FIG2_WINDOWS:
         windows = [f"schedule.windows={FIG2_WINDOWS[preset]}", "schedule.inside=1",
@@ -116,6 +129,7 @@ def run_order(study: str, seeds: list[int], patterns: list[str]) -> list[tuple[s
         order = [(p, s) for s in seeds[:2] for p in FULL_CORE]
         order += [(p, seeds[0]) for p in FULL_EXTRA]
         order += [(p, s) for s in seeds[:2] for p in ETA_SWEEP]
+        order += [(p, seeds[0]) for p in PRECISION_CHECK]
         order += [(p, s) for s in seeds[2:] for p in FULL_CORE]
         order += [(p, s) for s in seeds[1:2] for p in FULL_EXTRA]
     else:

@@ -29,7 +29,7 @@ def test_several_only_patterns_run_pattern_by_pattern_each_run_once():
     fig9 = [p for p in script.FULL_EXTRA if p.startswith("fig9/")]
     assert fig10 and fig9 and presets[:len(fig10) + len(fig9)] == fig10 + fig9
     assert len(presets) == len(set(presets)) == (len(script.FULL_CORE) + len(script.FULL_EXTRA)
-                                                 + len(script.ETA_SWEEP))
+                                                 + len(script.VARIANTS))
     assert script.run_order("cpu_full", [42], ["*"]) == script.run_order("cpu_full", [42], ["*", "*"])
 
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, fields
 
 from ..comm.config import check_level, level_kind
 from ..errors import ConfigError
-from ..options import Options, as_epoch
+from ..options import Options, as_epoch, option
 from .detector import CriticalRegimeDetector, DetectorSettings
 
 # How per-layer flags become the one model-wide decision a batch size needs.
@@ -77,6 +77,12 @@ class ScheduleContext:
 @dataclass(frozen=True)
 class NoSettings:
     pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class StaticSettings(DetectorSettings):
+    # true: run the detector beside a fixed level and log what it would flag (never acted on)
+    detect: bool = option(Options.flag, default=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,15 +216,56 @@ class Schedule:
 
 
 class StaticSchedule(Schedule):
-    """The compressor's own level, the trainer's own batch, all run long."""
+    """The compressor's own level, the trainer's own batch, all run long.
+
+    With `detect`, the detector watches the run and its flags are logged (per layer and for
+    the whole model) but never acted on: the critical regimes of a fixed-level run, which
+    Figure 2 (b)'s data-driven arms are built from (analysis/regime_plan.py).
+    """
 
     name = "static"
+    Settings = StaticSettings
+    granularity = "layer+model"
+
+    @property
+    def needs_detector(self) -> bool:
+        return self.detect
+
+    def make_detector(self) -> CriticalRegimeDetector | None:
+        return _detector(self) if self.detect else None
 
     def initial_plan(self) -> Plan:
         return Plan(levels=None, global_batch=None, lr_scale=1.0)
 
+    def _initial_flags(self):
+        return ([True] * self.num_layers, True) if self.detect else (None, None)
+
     def on_epoch_end(self, epoch: int, critical: Sequence[bool] | None) -> Plan:
+        if self.detect:
+            flags = _expect_flags(self, critical)
+            self._critical, self._model_critical = flags[:self.num_layers], flags[-1]
         return self.plan
+
+    @classmethod
+    def parse(cls, options: Options, context: ScheduleContext) -> StaticSettings:
+        return StaticSettings(detect=options.flag("detect"), **_detector_options(options))
+
+
+def _detector(schedule: Schedule) -> CriticalRegimeDetector:
+    """The detector a schedule's options describe, deciding in the schedule's units."""
+    detector = {f.name: getattr(schedule.settings, f.name) for f in fields(DetectorSettings)}
+    return CriticalRegimeDetector(schedule.num_layers, granularity=schedule.granularity, **detector)
+
+
+def _expect_flags(schedule: Schedule, critical: Sequence[bool] | None) -> list[bool]:
+    expected = {"layer": schedule.num_layers, "model": 1,
+                "layer+model": schedule.num_layers + 1}[schedule.granularity]
+    if critical is None or len(critical) != expected:
+        got = None if critical is None else len(critical)
+        raise ValueError(f"schedule {schedule.name!r} expects {expected} detector flags "
+                         f"(granularity {schedule.granularity!r}), got {got}; build the detector "
+                         "with schedule.make_detector()")
+    return [bool(c) for c in critical]
 
 
 class _DetectorDriven(Schedule):
@@ -231,18 +278,7 @@ class _DetectorDriven(Schedule):
         return True
 
     def make_detector(self) -> CriticalRegimeDetector:
-        detector = {f.name: getattr(self.settings, f.name) for f in fields(DetectorSettings)}
-        return CriticalRegimeDetector(self.num_layers, granularity=self.granularity, **detector)
-
-    def _expect_flags(self, critical: Sequence[bool] | None) -> list[bool]:
-        expected = {"layer": self.num_layers, "model": 1,
-                    "layer+model": self.num_layers + 1}[self.granularity]
-        if critical is None or len(critical) != expected:
-            got = None if critical is None else len(critical)
-            raise ValueError(f"schedule {self.name!r} expects {expected} detector flags "
-                             f"(granularity {self.granularity!r}), got {got}; build the detector "
-                             "with schedule.make_detector()")
-        return [bool(c) for c in critical]
+        return _detector(self)
 
 
 def _batch_decision(flags: list[bool], decision: str) -> bool:
@@ -281,7 +317,7 @@ class AccordionSchedule(_DetectorDriven):
         return [True] * self.num_layers, None
 
     def on_epoch_end(self, epoch: int, critical: Sequence[bool] | None) -> Plan:
-        self._critical = self._expect_flags(critical)
+        self._critical = _expect_flags(self, critical)
         levels = [self.low if c else self.high for c in self._critical]
         return self._set(Plan(levels=levels, global_batch=None, lr_scale=1.0))
 
@@ -332,7 +368,7 @@ class BatchAccordionSchedule(_DetectorDriven):
         if self.mode == "fixed_epoch":
             self._model_critical = epoch + 1 < self.switch_epoch
         else:
-            flags = self._expect_flags(critical)
+            flags = _expect_flags(self, critical)
             if self.granularity == "layer":
                 self._critical = flags
             self._model_critical = _batch_decision(flags, self.decision)
@@ -372,7 +408,7 @@ class JointSchedule(_DetectorDriven):
         return [True] * self.num_layers, True
 
     def on_epoch_end(self, epoch: int, critical: Sequence[bool] | None) -> Plan:
-        flags = self._expect_flags(critical)
+        flags = _expect_flags(self, critical)
         self._critical = flags[:self.num_layers]
         self._model_critical = _batch_decision(flags, self.decision)
         levels = [self.low if c else self.high for c in self._critical]

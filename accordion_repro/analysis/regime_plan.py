@@ -1,0 +1,154 @@
+"""Figure 2 (b)'s two arms from a logged run, not from hand-placed windows.
+
+The paper asks whether *where* high compression is applied matters more than *how much*. Its
+arms put high compression only inside, or only outside, the critical regimes. Here the
+regimes are the ones the detector found in a reference run at the low level (a static run
+with `schedule.detect=true`, same seed):
+
+- inside: high compression in exactly the epochs that run held critical;
+- outside: high compression in as many epochs that it did not hold critical. In each LR phase
+  (the epochs between two LR decays), the outside arm takes as many epochs as the inside arm has
+  there, and takes the latest non-critical ones (the plateau before a decay, where the
+  gradient is quietest). If a phase has too few, the latest non-critical epochs left
+  anywhere make up the count.
+
+Both arms then run the same number of epochs at each level, so they send the same floats. The
+plan becomes `schedule.windows` of the regime_windows schedule (half-open [start, end) epoch
+pairs), so the arms are ordinary runs whose resolved.yaml holds their epochs.
+
+    python -m accordion_repro.analysis.regime_plan RUN_DIR [--decision model_norm|any|majority]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..accordion.schedules import BATCH_DECISIONS
+from .collect import RunDirectoryError, read_metrics
+
+RULE = ("outside: per LR phase, as many epochs as the inside arm has there, the latest ones the "
+        "reference run did not hold critical; a shortfall is made up by the latest such epochs "
+        "left anywhere")
+
+
+@dataclass(frozen=True)
+class RegimePlan:
+    reference: str
+    decision: str
+    critical_epochs: list[int]   # the inside arm's high-compression epochs
+    outside_epochs: list[int]    # the outside arm's, as many
+    inside_windows: list[list[int]]
+    outside_windows: list[list[int]]
+    rule: str = RULE
+
+    def overrides(self, arm: str) -> list[str]:
+        """The command-line overrides that put high compression in this arm's epochs."""
+        windows = {"inside": self.inside_windows, "outside": self.outside_windows}[arm]
+        return ["schedule.windows=" + json.dumps(windows).replace(" ", "")]
+
+
+def _decide(flags: list[bool], decision: str) -> bool:
+    """One model-wide flag from a static detect run's flags (per layer, then the model's)."""
+    layers, model = flags[:-1], flags[-1]
+    if decision == "model_norm":
+        return bool(model)
+    if decision == "any":
+        return any(layers)
+    return 2 * sum(layers) > len(layers)
+
+
+def held_critical(records: list[dict], decision: str = "model_norm") -> list[bool]:
+    """Whether each epoch of a detect run ran inside a critical regime.
+
+    A record logs the flags decided at the end of its epoch, which hold from the next epoch on;
+    epoch 0 runs critical, as the detector starts every unit critical (Algorithm 1).
+    """
+    if decision not in BATCH_DECISIONS:
+        raise ValueError(f"decision must be one of {', '.join(BATCH_DECISIONS)}, got {decision!r}")
+    held = [True]
+    for record in records[:-1]:
+        report = record.get("detector")
+        if not report or report.get("granularity") != "layer+model":
+            raise RunDirectoryError(
+                f"epoch {record['epoch']} has no per-layer and whole-model detector flags; the "
+                "reference must be a static run with schedule.detect=true")
+        held.append(_decide(report["critical"], decision))
+    return held
+
+
+def lr_phases(records: list[dict]) -> list[int]:
+    """The LR phase of each epoch: a new phase starts at every epoch whose LR is lower than the
+    one before it (warm-up raises the LR and stays in the first phase)."""
+    phases, phase = [], 0
+    for before, record in zip([None, *records], records):
+        if before is not None and record["lr"] < before["lr"]:
+            phase += 1
+        phases.append(phase)
+    return phases
+
+
+def outside_epochs(held: list[bool], phases: list[int]) -> list[int]:
+    chosen: list[int] = []
+    for phase in sorted(set(phases)):
+        epochs = [e for e, p in enumerate(phases) if p == phase]
+        wanted = sum(held[e] for e in epochs)
+        quiet = [e for e in epochs if not held[e]]
+        chosen += quiet[len(quiet) - min(wanted, len(quiet)):]
+    shortfall = sum(held) - len(chosen)
+    if shortfall:
+        left = [e for e, critical in enumerate(held) if not critical and e not in chosen]
+        if len(left) < shortfall:
+            raise ValueError(f"the reference run holds {sum(held)} of {len(held)} epochs critical; "
+                             "fewer are left outside for the other arm")
+        chosen += left[len(left) - shortfall:]
+    return sorted(chosen)
+
+
+def windows(epochs: list[int]) -> list[list[int]]:
+    """Consecutive epochs as half-open [start, end) windows: [0, 1, 2, 6] -> [[0, 3], [6, 7]]."""
+    runs = itertools.groupby(enumerate(sorted(epochs)), key=lambda pair: pair[1] - pair[0])
+    spans = [[e for _, e in group] for _, group in runs]
+    return [[span[0], span[-1] + 1] for span in spans]
+
+
+def plan_from_run(run_dir: str | Path, decision: str = "model_norm") -> RegimePlan:
+    """The two arms' epochs from a completed static detect run."""
+    records = read_metrics(Path(run_dir))
+    held = held_critical(records, decision)
+    critical = [e for e, flag in enumerate(held) if flag]
+    outside = outside_epochs(held, lr_phases(records))
+    return RegimePlan(reference=str(run_dir), decision=decision, critical_epochs=critical,
+                      outside_epochs=outside, inside_windows=windows(critical),
+                      outside_windows=windows(outside))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", type=Path, help="a completed static run with schedule.detect=true")
+    parser.add_argument("--decision", choices=BATCH_DECISIONS, default="model_norm",
+                        help="one flag per epoch from the whole-model norm (default), any layer, "
+                             "or a majority of layers")
+    parser.add_argument("--out", type=Path, help="also write the plan here as JSON")
+    args = parser.parse_args(argv)
+    try:
+        plan = plan_from_run(args.run_dir, args.decision)
+    except (RunDirectoryError, ValueError) as error:
+        print(f"error: {args.run_dir}: {error}", file=sys.stderr)
+        return 2
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(asdict(plan), indent=1) + "\n", encoding="utf-8")
+    print(f"critical (inside arm): {plan.critical_epochs}")
+    print(f"outside arm:           {plan.outside_epochs}")
+    for arm in ("inside", "outside"):
+        print(f"{arm}: {' '.join(plan.overrides(arm))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
