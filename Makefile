@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 RUNS    ?= results/runs
 NET     ?= 10gbit
 
-.PHONY: install test test-fast demo figures bench bench-models bench-network gpu-check reproduce-cpu reproduce-cpu-full clean-demo help
+.PHONY: install test test-fast demo figures bench bench-models bench-network gpu-check reproduce-cpu reproduce-cpu-full reproduce-cpu-long clean-demo help
 
 help:
 	@echo "make install | test | demo | figures [RUNS=dir NET=10gbit] | bench | bench-network | reproduce-cpu | reproduce-cpu-full"
@@ -59,3 +59,8 @@ reproduce-cpu: $(STAMP)
 # The whole-CIFAR study (scale=cpu_full): resumable, skips finished runs, so it can run in parts.
 reproduce-cpu-full: $(STAMP)
 	$(PYTHON) scripts/reproduce_cpu.py --study cpu_full --seeds 42 43 44
+
+# The central-claim study (scale=cpu_long, 30 epochs, bf16): Table 1 ResNet-18 and Figure 2 (b)'s
+# data-driven arms for 3 seeds, then Table 3 Top-K. Resumable; skips finished runs.
+reproduce-cpu-long: $(STAMP)
+	$(PYTHON) scripts/reproduce_cpu.py --study cpu_long --seeds 42 43 44

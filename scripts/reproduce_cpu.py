@@ -93,9 +93,20 @@ PRECISION_CHECK = {
                         ("resnet18_powersgd_static_high", "Rank 1"))
 }
 VARIANTS = {**ETA_SWEEP, **PRECISION_CHECK}  # run name -> (preset, overrides)
+
+# The central-claim study (scale=cpu_long, 30 epochs whose LR phases plateau): Table 1's
+# ResNet-18 cells and Figure 2 (b)'s two arms for every seed, then Table 3's Top-K cells.
+# The rank-2 run watches its own critical regimes (schedule.detect=true); the two arms put
+# rank 1 into exactly the epochs it held critical, or into as many it did not
+# (analysis/regime_plan.py), so both send the same floats.
+LONG_CORE = CIFAR_PRESETS[:4] + ["fig2/resnet18_high_inside", "fig2/resnet18_high_outside"]
+LONG_EXTRA = CIFAR_PRESETS[4:7]
+FIG2_REFERENCE = "table1/resnet18_powersgd_static_low"
+FIG2_ARMS = {"fig2/resnet18_high_inside": "inside", "fig2/resnet18_high_outside": "outside"}
 STUDIES = {
     "cpu": {"scale": "cpu", "data_check": "cifar10-sample", "runs": "cpu"},
     "cpu_full": {"scale": "cpu_full", "data_check": "cifar10-jpeg-full", "runs": "cpu_full"},
+    "cpu_long": {"scale": "cpu_long", "data_check": "cifar10-jpeg-full", "runs": "cpu_long"},
 }
 
 
@@ -103,11 +114,24 @@ def run_dir(runs: Path, preset: str, seed: int) -> Path:
     return runs / preset / f"seed{seed}"
 
 
+def fig2_plan(runs: Path, seed: int):
+    """Figure 2 (b)'s data-driven arms for one seed, from its rank-2 detect run; the plan is
+    kept beside the runs (<runs>/fig2/plan_seed<seed>.json). None until that run has finished."""
+    from accordion_repro.analysis.regime_plan import plan_from_run, write_plan
+
+    reference = run_dir(runs, FIG2_REFERENCE, seed)
+    if not completed(reference):
+        return None
+    plan = plan_from_run(reference)
+    write_plan(plan, runs / "fig2" / f"plan_seed{seed}.json", relative_to=runs)
+    return plan
+
+
 def command(preset: str, seed: int, data: Path, out: Path, extra: list[str],
-            study: str = "cpu") -> list[str]:
+            study: str = "cpu", runs: Path | None = None) -> list[str]:
     if preset.startswith("table3/lstm"):
         dataset = []
-    elif study == "cpu_full":
+    elif study in ("cpu_full", "cpu_long"):
         dataset = ["dataset=cifar10_jpeg"]
     else:
         dataset = ["dataset=npz"]
@@ -116,16 +140,30 @@ def command(preset: str, seed: int, data: Path, out: Path, extra: list[str],
     if study == "cpu_full" and preset in FIG2_WINDOWS:
         windows = [f"schedule.windows={FIG2_WINDOWS[preset]}", "schedule.inside=1",
                    "schedule.outside=2"]
+    if study == "cpu_long" and preset == FIG2_REFERENCE:
+        windows = ["schedule.detect=true"]
+    if study == "cpu_long" and preset in FIG2_ARMS:
+        plan = fig2_plan(runs, seed)
+        if plan is None:
+            raise PlanNotReady(f"{preset} seed {seed} needs {FIG2_REFERENCE} seed {seed} first")
+        windows = [*plan.overrides(FIG2_ARMS[preset]), "schedule.inside=1", "schedule.outside=2"]
     return [sys.executable, "-m", "accordion_repro.train", f"experiment={experiment}",
             f"scale={STUDIES[study]['scale']}", *dataset, f"paths.data_dir={data}", f"seed={seed}",
             "logger.wandb.mode=disabled", "trainer.progress=never", f"hydra.run.dir={out}",
             *windows, *variant, *extra]
 
 
+class PlanNotReady(RuntimeError):
+    """A Figure 2 (b) arm whose reference run has not finished."""
+
+
 def run_order(study: str, seeds: list[int], patterns: list[str]) -> list[tuple[str, int]]:
     """(preset, seed) pairs in the order they run: the study's order, or, with several
     patterns, the runs each pattern picks, pattern by pattern (each run once)."""
-    if study == "cpu_full":
+    if study == "cpu_long":
+        order = [(p, s) for s in seeds for p in LONG_CORE]
+        order += [(p, s) for s in seeds for p in LONG_EXTRA]
+    elif study == "cpu_full":
         order = [(p, s) for s in seeds[:2] for p in FULL_CORE]
         order += [(p, seeds[0]) for p in FULL_EXTRA]
         order += [(p, s) for s in seeds[:2] for p in ETA_SWEEP]
@@ -173,9 +211,13 @@ def main() -> int:
     start_all = time.perf_counter()
     for preset, seed in run_order(args.study, args.seeds, args.only):
         out = run_dir(runs, preset, seed)
-        argv = command(preset, seed, args.data.resolve(), out, args.extra, args.study)
         if completed(out):
             print(f"done already: {out}")
+            continue
+        try:
+            argv = command(preset, seed, args.data.resolve(), out, args.extra, args.study, runs)
+        except PlanNotReady as why:
+            print(f"later: {why}")
             continue
         print("$ " + " ".join(argv), flush=True)
         if args.dry_run:

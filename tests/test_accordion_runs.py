@@ -99,3 +99,45 @@ def test_every_rank_applies_rank0_decision_when_local_gradients_differ():
         p.join(30)
     assert results[0][0] == [1, 1] and results[1][0] == [2, 2]   # their own views differ...
     assert results[0][1] == results[1][1] == [1, 1]               # ...both apply rank 0's
+
+
+def test_figure2b_arms_from_a_detect_run_put_rank1_in_its_critical_epochs_and_send_equal_floats(tmp_path):
+    """Figure 2 (b) defined by the data: a static rank-2 run watches its critical regimes
+    (schedule.detect=true, the levels never change); the inside arm then runs rank 1 in exactly
+    the epochs it held critical, the outside arm in as many it did not, and both send the same
+    floats (analysis/regime_plan.py)."""
+    from accordion_repro.analysis.regime_plan import held_critical, plan_from_run
+
+    common = [*TINY, "trainer.epochs=8", "compressor=powersgd", "optim.decay_at=[5]"]
+    reference = train([*common, "compressor.rank=2", "schedule=static", "schedule.detect=true",
+                       "schedule.interval=1", "schedule.eta=0.9"], tmp_path / "reference")
+    metrics = read_metrics(reference)
+    assert all(m["layer_levels"] == [2] * 21 for m in metrics)       # watched, never acted on
+    assert all(m["detector"]["granularity"] == "layer+model" for m in metrics)
+    held = held_critical(metrics)
+    assert held[0] and held[5]       # epoch 0 starts critical; the first epoch of the decay is too
+    plan = plan_from_run(reference)
+    assert plan.critical_epochs == [e for e, flag in enumerate(held) if flag]
+    assert len(plan.outside_epochs) == len(plan.critical_epochs)
+    assert not set(plan.outside_epochs) & set(plan.critical_epochs)
+
+    floats = {}
+    for arm in ("inside", "outside"):
+        run = train([*common, "experiment=fig2/resnet18_high_inside", "compressor.rank=2",
+                     *plan.overrides(arm), "schedule.inside=1", "schedule.outside=2"], tmp_path / arm)
+        arm_metrics = read_metrics(run)
+        rank1 = [m["epoch"] for m in arm_metrics if m["layer_levels"] == [1] * 21]
+        assert rank1 == (plan.critical_epochs if arm == "inside" else plan.outside_epochs)
+        floats[arm] = sum(m["floats_sent"] for m in arm_metrics)
+    assert floats["inside"] == floats["outside"]
+
+
+@pytest.mark.parametrize("case", ["not_detect", "dense_static"])
+def test_a_reference_without_detector_flags_is_refused_by_name(tmp_path, case):
+    from accordion_repro.analysis.collect import RunDirectoryError
+    from accordion_repro.analysis.regime_plan import plan_from_run
+
+    extra = {"not_detect": ["compressor=powersgd"], "dense_static": []}[case]
+    run = train([*TINY, "trainer.epochs=2", *extra], tmp_path / "run")
+    with pytest.raises(RunDirectoryError, match="schedule.detect=true"):
+        plan_from_run(run)

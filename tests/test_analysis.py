@@ -31,10 +31,11 @@ def write_run(root: Path, name: str, *, table="table1", figure=None, model="resn
               metric="test_acc", floats=1000, bytes_per_float=4, epoch_time=2.0, compute=1.5,
               steps=10, collectives=6, world_size=2, status="completed", layers=3,
               critical=None, global_batch=None, schedule=None, lrs=None, lr_scales=None,
-              data=None, width=None, critical_model=None, preset=None) -> Path:
+              data=None, width=None, critical_model=None, preset=None, numerics=None) -> Path:
     """A run directory as the trainer writes it; epoch e's accuracy is accs[e].
     schedule: keys that replace the default static schedule's; lrs / lr_scales / critical_model:
-    per-epoch values; data: summary.json's data description; width: model.width."""
+    per-epoch values; data: summary.json's data description; width: model.width; numerics:
+    trainer keys such as {"precision": "bf16"}."""
     run_dir = root / name
     run_dir.mkdir(parents=True)
     config = {"run": {"name": preset or f"{table or figure}/{model}_{method}", "table": table,
@@ -44,7 +45,7 @@ def write_run(root: Path, name: str, *, table="table1", figure=None, model="resn
               "dataset": {"name": dataset, "subset": 0.1},
               "compressor": {"name": compressor, "rank": rank},
               "schedule": {"name": "static", "low": rank, "high": 1, **(schedule or {})},
-              "trainer": {"epochs": len(accs)}, "dist": {"world_size": world_size}}
+              "trainer": {"epochs": len(accs), **(numerics or {})}, "dist": {"world_size": world_size}}
     (run_dir / "resolved.yaml").write_text(yaml.safe_dump(config))
     lines = []
     for epoch, value in enumerate(accs):
@@ -631,3 +632,31 @@ def test_a_cell_and_its_twin_are_one_configuration(own, scale):
         return cfg
 
     assert resolved(own) == resolved(TWINS[own])
+
+
+def test_runs_not_computed_in_fp32_say_so_in_their_table_block_and_figure(tmp_path):
+    """A scale run in bf16 autocast with channels_last (scale=cpu_long) names it in its own
+    table block (md heading, tex caption, csv column) and in every figure's provenance line;
+    an fp32 block beside it stays as it was."""
+    from accordion_repro.analysis.collect import collect_runs as collect
+    from accordion_repro.analysis.figures import provenance
+
+    runs = tmp_path / "runs"
+    write_run(runs, "cpu_full/table1/rank2", scale="cpu_full", accs=(40.0, 70.0))
+    fast = {"precision": "bf16", "channels_last": True}
+    write_run(runs, "cpu_long/table1/rank2", scale="cpu_long", accs=(45.0, 75.0), numerics=fast)
+    write_run(runs, "cpu_long/fig2/inside", table=None, figure="fig2", method="high_inside",
+              label="Rank 1 only inside critical regimes", scale="cpu_long", numerics=fast)
+    out = tmp_path / "out"
+    quiet_build(runs, out)
+    md = (out / "tables" / "table1.md").read_text()
+    headings = [line for line in md.splitlines() if line.startswith("## ")]
+    assert any("scale cpu_long" in h and "bf16 autocast, channels_last" in h for h in headings)
+    assert any("scale cpu_full" in h and "bf16" not in h for h in headings)
+    assert r"bf16 autocast, channels\_last" in (out / "tables" / "table1.tex").read_text()
+    numerics = {row["scale"]: row["numerics"] for row in read_csv(out / "tables" / "table1.csv")}
+    assert numerics == {"cpu_full": "fp32", "cpu_long": "bf16 autocast, channels_last"}
+    frame = collect(runs).frame
+    assert provenance(frame[frame["scale.name"] == "cpu_long"]).endswith(
+        "computed in bf16 autocast, channels_last")
+    assert "computed in" not in provenance(frame[frame["scale.name"] == "cpu_full"])

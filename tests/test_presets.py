@@ -272,7 +272,7 @@ def test_cpu_scale_shrinks_the_same_experiment(preset):
         assert cpu["model"]["hidden_size"] == cpu["model"]["embedding_size"] < 650
 
 
-@pytest.mark.parametrize("scale", ["paper", "cpu", "cpu_full"])
+@pytest.mark.parametrize("scale", ["paper", "cpu", "cpu_full", "cpu_long"])
 @pytest.mark.parametrize("dataset", DATASET_NAMES)
 def test_scale_maps_cover_every_dataset(scale, dataset):
     """The per-dataset values resolve through nested interpolation for each dataset config."""
@@ -281,8 +281,9 @@ def test_scale_maps_cover_every_dataset(scale, dataset):
     family = c["dataset"]["name"]  # dataset=cifar10_jpeg is read by the npz loader
     text = family in ("wikitext2", "synthetic_text")
     assert c["scale"]["name"] == scale
-    assert c["scale"]["detector_interval"] == ({"paper": 5, "cpu": 1, "cpu_full": 1}[scale] if text
-                                               else {"paper": 10, "cpu": 1, "cpu_full": 2}[scale])
+    assert c["scale"]["detector_interval"] == (
+        {"paper": 5, "cpu": 1, "cpu_full": 1, "cpu_long": 1}[scale] if text
+        else {"paper": 10, "cpu": 1, "cpu_full": 2, "cpu_long": 1}[scale])
     if scale != "paper":
         assert c["trainer"]["epochs"] == c["scale"]["by_dataset"][family]["epochs"] < (90 if text else 300)
 
@@ -294,6 +295,21 @@ def test_cpu_full_scale_trains_on_the_whole_cifar10_and_tests_on_all_of_it():
     assert c["trainer"]["max_eval_steps"] is None
     assert c["scale"]["detector_interval"] > 1
     assert c["model"]["width"] == 0.25
+
+
+def test_cpu_long_scale_keeps_the_papers_proportions_over_30_epochs():
+    """scale=cpu_long: the whole CIFAR-10, decays at 1/2 and 5/6 of the run (epochs 15 and 25),
+    a detector check every 10/300 of the run (one epoch), bf16 with channels_last."""
+    from accordion_repro.engine.lr import build_epoch_lr
+
+    c = composed("table1/resnet18_powersgd_accordion", "cpu_long", "dataset=cifar10_jpeg")
+    assert c["dataset"]["subset"] is None and c["trainer"]["max_eval_steps"] is None
+    assert c["trainer"]["epochs"] == 30 and c["schedule"]["interval"] == 1 == 30 * 10 // 300
+    assert c["trainer"]["precision"] == "bf16" and c["trainer"]["channels_last"] is True
+    assert c["model"]["width"] == 0.25 and c["optim"]["warmup_epochs"] == 1
+    lr = build_epoch_lr(c["optim"], total_epochs=30, world_size=2, batch_size=64)
+    decays = [e for e in range(1, 30) if lr(e) < lr(e - 1)]
+    assert decays == [15, 25]
 
 
 def test_cpu_scale_data_subsets_fit_the_real_sample_data():

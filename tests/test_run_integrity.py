@@ -601,3 +601,21 @@ def test_a_read_only_run_directory_is_refused_in_one_line_before_anything_starts
     assert f"cannot write the run directory {run_dir}" in error and "read-only" in error
     assert "Traceback" not in out.stderr and not out.stdout.strip()
     assert not (run_dir / "summary.json").exists()  # refused before anything started
+
+
+@pytest.mark.parametrize("case", ["older_static", "detect_turned_on"])
+def test_detector_options_of_a_static_run_matter_only_when_it_detects(case):
+    """A static run made before schedule.detect existed has no detector options in its
+    resolved.yaml; they compute nothing without detect, so resuming it is no config change.
+    Turning detect on is one, named."""
+    from accordion_repro.rundir import config_delta
+
+    old = {"schedule": {"name": "static"}}
+    new = {"schedule": {"name": "static", "detect": case == "detect_turned_on", "eta": 0.5,
+                        "interval": 2, "lr_decay_rule": True, "statistic": "mean"}}
+    delta = config_delta(old, new)
+    if case == "older_static":
+        assert delta == {}
+    else:
+        assert set(delta) == {"schedule.detect", "schedule.eta", "schedule.interval",
+                              "schedule.lr_decay_rule", "schedule.statistic"}

@@ -313,3 +313,26 @@ def test_restored_schedule_and_detector_make_the_same_decisions(name, options):
 def test_restore_refuses_another_schedule():
     with pytest.raises(ValueError, match="checkpoint holds"):
         make("static").load_state_dict(make("accordion", **ACCORDION).state_dict())
+
+
+def test_static_with_detect_logs_the_detectors_flags_and_never_changes_the_plan():
+    """schedule.detect=true: the detector watches a fixed level (per layer and for the whole
+    model) and its flags are reported, but the plan stays the compressor's own level."""
+    schedule = build_schedule("static", num_layers=3, compressor="powersgd", default_level=2,
+                              base_global_batch=128, world_size=2, detect=True, interval=1)
+    detector = schedule.make_detector()
+    assert schedule.needs_detector and detector.granularity == "layer+model"
+    assert schedule.info()["critical_layers"] == 3 and schedule.info()["critical_model"] is True
+    plan = schedule.on_epoch_end(0, [True, False, False, False])
+    assert plan.levels is None and schedule.info()["layer_levels"] == [2, 2, 2]
+    assert schedule.info()["critical_layers"] == 1 and schedule.info()["critical_model"] is False
+    plain = build_schedule("static", num_layers=3, compressor="powersgd", default_level=2,
+                           base_global_batch=128, world_size=2)
+    assert not plain.needs_detector and plain.make_detector() is None
+    assert plain.info()["critical_layers"] is None
+
+
+@pytest.mark.parametrize("value", ["maybe", 1])
+def test_static_detect_must_be_true_or_false(value):
+    with pytest.raises(ConfigError, match=r"schedule\.detect: must be true or false"):
+        validate_schedule("static", {"detect": value}, compressor="powersgd", world_size=2)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 import pandas as pd
 import yaml
 
@@ -43,6 +44,24 @@ def model_variant(values: Mapping[str, Any]) -> str | None:
     return f"{values.get('model.name')} ({', '.join(diffs)})" if diffs else None
 
 
+def numerics(values: Mapping[str, Any]) -> str | None:
+    """'bf16 autocast, channels_last' for a run that did not compute as the paper did (fp32,
+    NCHW), else None: every table block and figure of such runs says so."""
+    parts = []
+    precision = values.get("trainer.precision")
+    if isinstance(precision, str) and precision != "fp32":
+        parts.append(f"{precision} autocast")
+    channels_last = values.get("trainer.channels_last")
+    if isinstance(channels_last, (bool, np.bool_)) and channels_last:
+        parts.append("channels_last")
+    return ", ".join(parts) or None
+
+
+def numerics_of(frame: pd.DataFrame) -> list[str]:
+    """The non-fp32 numerics among a frame's runs (one-row-per-epoch or one-row-per-run)."""
+    return _distinct(frame, "numerics", numerics)
+
+
 def first_value(frame: pd.DataFrame, column: str):
     """The column's first non-null value; None where it has none or the frame lacks it."""
     values = frame[column].dropna() if column in frame else ()
@@ -56,12 +75,16 @@ def run_rows(frame: pd.DataFrame) -> pd.DataFrame:
 
 def model_variants(frame: pd.DataFrame) -> list[str]:
     """The reduced models among a frame's runs (one-row-per-epoch or one-row-per-run)."""
+    return _distinct(frame, "model.variant", model_variant)
+
+
+def _distinct(frame: pd.DataFrame, column: str, describe) -> list[str]:
+    """The distinct non-empty descriptions of a frame's runs: `column` of summarize_runs()
+    output, or describe(config values) per run of a one-row-per-epoch frame."""
     if frame.empty:
         return []
-    if "model.variant" in frame:
-        found = frame["model.variant"]
-    else:
-        found = run_rows(frame).apply(lambda row: model_variant(row.to_dict()), axis=1)
+    found = frame[column] if column in frame else run_rows(frame).apply(
+        lambda row: describe(row.to_dict()), axis=1)
     return sorted({str(v) for v in found.dropna() if v})
 
 

@@ -28,7 +28,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from accordion_repro.analysis.collect import first_value, model_variants  # noqa: E402
+from accordion_repro.analysis.collect import first_value, model_variants, numerics_of  # noqa: E402
 from accordion_repro.analysis.labels import (batch_sizes_text, data_text,  # noqa: E402
                                              run_batch_label, stand_in_notes)
 from accordion_repro.analysis.layout import (FIGURES, METRIC_TITLES, FigureSpec,  # noqa: E402
@@ -57,7 +57,9 @@ def provenance(frame: pd.DataFrame) -> str:
                   else f"MIXED scales {', '.join(scales)}" if scales else "scale unknown")
     variants = model_variants(frame)
     reduced = f"; reduced models: {'; '.join(variants)}" if variants else ""
-    return f"{scale_text}; runs on {', '.join(datasets) or 'unknown data'}{reduced}"
+    numerics = numerics_of(frame)
+    computed = f"; computed in {' / '.join(numerics)}" if numerics else ""
+    return f"{scale_text}; runs on {', '.join(datasets) or 'unknown data'}{reduced}{computed}"
 
 
 def setup_text(frame: pd.DataFrame, spec: FigureSpec, differences: list[str] = ()) -> str:

@@ -127,6 +127,17 @@ def plan_from_run(run_dir: str | Path, decision: str = "model_norm") -> RegimePl
                       outside_windows=windows(outside))
 
 
+def write_plan(plan: RegimePlan, path: Path, relative_to: Path | None = None) -> None:
+    """The plan as JSON; the reference run named relative to `relative_to` (a runs folder), so
+    the file reads the same on every machine."""
+    record = asdict(plan)
+    if relative_to is not None:
+        record["reference"] = Path(plan.reference).resolve().relative_to(
+            Path(relative_to).resolve()).as_posix()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path, help="a completed static run with schedule.detect=true")
@@ -141,8 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.run_dir}: {error}", file=sys.stderr)
         return 2
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(asdict(plan), indent=1) + "\n", encoding="utf-8")
+        write_plan(plan, args.out)
     print(f"critical (inside arm): {plan.critical_epochs}")
     print(f"outside arm:           {plan.outside_epochs}")
     for arm in ("inside", "outside"):

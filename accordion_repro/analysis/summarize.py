@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from accordion_repro.analysis.collect import PAPER_MODEL_SIZES, RUN_DIR, first_value, model_variant
+from accordion_repro.analysis.collect import (PAPER_MODEL_SIZES, RUN_DIR, first_value, model_variant,
+                                              numerics)
 from accordion_repro.analysis.costmodel import collective_op, predict_epoch_time, resolve_network
 
 RUN_COLUMNS = ("run.name", "run.table", "run.figure", "run.method", "run.label", "seed",
@@ -37,7 +38,7 @@ def summarize_runs(frame: pd.DataFrame, net="10gbit", workers: int | None = None
     """One row per run, in run-directory order. `workers` None = each run's own world size."""
     columns = [RUN_DIR, *RUN_COLUMNS, "metric", "final", "epochs", "total_floats",
                "total_bytes", "train_time_s", "world_size", "predicted_workers",
-               "predicted_time_s", "model.variant", "global_batches"]
+               "predicted_time_s", "model.variant", "numerics", "global_batches"]
     if frame.empty:
         return pd.DataFrame(columns=columns)
     records = []
@@ -61,6 +62,8 @@ def summarize_runs(frame: pd.DataFrame, net="10gbit", workers: int | None = None
             "predicted_time_s": predicted_run_time(epochs, net, workers),
             "model.variant": model_variant({key: first_value(epochs, key)
                                                  for key in ("model.name", *PAPER_MODEL_SIZES)}),
+            "numerics": numerics({key: first_value(epochs, key)
+                                  for key in ("trainer.precision", "trainer.channels_last")}),
             # the distinct global batch sizes the run trained with (labels of the batch tables)
             "global_batches": tuple(sorted({int(b) for b in epochs["global_batch"].dropna()}))
             if "global_batch" in epochs else (),

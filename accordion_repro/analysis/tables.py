@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from accordion_repro.utils import atomic_write_text
-from accordion_repro.analysis.collect import model_variants
+from accordion_repro.analysis.collect import model_variants, numerics_of
 from accordion_repro.analysis.costmodel import resolve_network
 from accordion_repro.analysis.labels import run_batch_label
 from accordion_repro.analysis.layout import (DATASET_TITLES, METRIC_TITLES, Cell, Section,
@@ -54,6 +54,7 @@ class Block:
     datasets: tuple[str, ...]    # dataset.name of the runs behind the block
     workers: tuple[int, ...]     # worker counts used by the predicted-time column
     variants: tuple[str, ...] = ()  # reduced models among the runs, e.g. "resnet18 (width=0.25)"
+    numerics: tuple[str, ...] = ()  # non-fp32 numerics among the runs, e.g. "bf16 autocast"
 
     @property
     def missing(self) -> tuple[Cell, ...]:
@@ -128,8 +129,8 @@ def table_blocks(spec: TableSpec, runs: pd.DataFrame) -> list[Block]:
             used = pd.concat([_cell_runs(scale_runs, cell) for cell in section.cells])
             datasets = tuple(sorted(used["dataset.name"].dropna().astype(str).unique()))
             workers = tuple(sorted({int(w) for w in used["predicted_workers"].dropna()}))
-            variants = tuple(model_variants(used))
-            blocks.append(Block(scale, section, _rows(section, scale_runs), datasets, workers, variants))
+            blocks.append(Block(scale, section, _rows(section, scale_runs), datasets, workers,
+                                tuple(model_variants(used)), tuple(numerics_of(used))))
     return blocks
 
 
@@ -207,7 +208,8 @@ def row_cells(row: Row) -> list[str]:
 def _block_heading(block: Block) -> str:
     scale = "no runs" if block.scale is None else f"scale {block.scale}"
     runs_on = f", runs on {', '.join(block.datasets)}" if block.datasets else ""
-    return f"{block.section.title} ({scale}{runs_on})"
+    numerics = f"; {' / '.join(block.numerics)}" if block.numerics else ""
+    return f"{block.section.title} ({scale}{runs_on}{numerics})"
 
 
 def _notes(net: str) -> list[str]:
@@ -287,7 +289,7 @@ def to_latex(spec: TableSpec, blocks: list[Block], net: str, extra: list[str]) -
 CSV_COLUMNS = ["table", "scale", "section", "runs_dataset", "model", "method", "label", "preset",
                "metric", "seeds", "mean", "std", "floats_m", "saved_vs_static_low", "train_time_s",
                "speedup_vs_static_low", "net", "predicted_workers", "predicted_time_s",
-               "predicted_speedup", "official_final", "status"]
+               "predicted_speedup", "official_final", "status", "numerics"]
 
 
 def _csv_number(value: float | None) -> str:
@@ -308,7 +310,7 @@ def to_csv(spec: TableSpec, blocks: list[Block], net: str) -> str:
                 _csv_number(row.saved), _csv_number(row.time_s), _csv_number(row.speedup), net,
                 "/".join(str(w) for w in block.workers), _csv_number(row.predicted_s),
                 _csv_number(row.predicted_speedup), _csv_number(row.official),
-                "ok" if row.seeds else "missing",
+                "ok" if row.seeds else "missing", " / ".join(block.numerics) or "fp32",
             ])
     return buffer.getvalue()
 
