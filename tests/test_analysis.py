@@ -660,3 +660,42 @@ def test_runs_not_computed_in_fp32_say_so_in_their_table_block_and_figure(tmp_pa
     assert provenance(frame[frame["scale.name"] == "cpu_long"]).endswith(
         "computed in bf16 autocast, channels_last")
     assert "computed in" not in provenance(frame[frame["scale.name"] == "cpu_full"])
+
+
+def test_plateau_reports_each_lr_phases_last_third_and_its_trend():
+    """analysis/plateau.py: phases split where the LR drops (warm-up rises stay in the first);
+    the last third of each (at least two epochs) gives first/last accuracy, range and the
+    least-squares trend over it."""
+    from accordion_repro.analysis.plateau import phase_ends
+
+    lrs = [0.05, 0.1, 0.1, 0.1, 0.1, 0.1, 0.01, 0.01, 0.01, 0.001, 0.001]
+    accs = [10, 30, 50, 60, 62, 61, 70, 70.2, 70.4, 71, 71]
+    records = [{"epoch": e, "lr": lr, "test_acc": acc} for e, (lr, acc) in enumerate(zip(lrs, accs))]
+    ends = phase_ends(records)
+    assert [end.epochs for end in ends] == [(4, 5), (7, 8), (9, 10)]
+    assert (ends[0].first_acc, ends[0].last_acc, ends[0].spread) == (62, 61, 1)
+    assert ends[0].trend == pytest.approx(-1.0) and not ends[0].flat(0.5)
+    assert ends[1].trend == pytest.approx(0.2) and ends[1].flat(0.5)
+    assert ends[2].trend == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("case", ["per_phase", "shortfall", "impossible"])
+def test_the_outside_arm_takes_the_latest_quiet_epochs_of_each_phase(case):
+    """analysis/regime_plan.py's stated rule: per LR phase as many epochs as the inside arm has
+    there, the latest non-critical ones; a phase without enough borrows the latest left
+    anywhere; more critical than quiet epochs is refused."""
+    from accordion_repro.analysis.regime_plan import outside_epochs, windows
+
+    phases = [0] * 6 + [1] * 4
+    held = {"per_phase": [1, 1, 0, 0, 0, 0, 1, 0, 0, 0],
+            "shortfall": [1, 0, 0, 0, 0, 0, 1, 1, 1, 0],
+            "impossible": [1, 1, 1, 1, 1, 0, 1, 1, 0, 0]}[case]
+    held = [bool(flag) for flag in held]
+    if case == "impossible":
+        with pytest.raises(ValueError, match="7 of 10 epochs critical"):
+            outside_epochs(held, phases)
+        return
+    chosen = outside_epochs(held, phases)
+    assert chosen == {"per_phase": [4, 5, 9], "shortfall": [3, 4, 5, 9]}[case]
+    assert len(chosen) == sum(held) and not any(held[e] for e in chosen)
+    assert windows([0, 1, 2, 6, 8, 9]) == [[0, 3], [6, 7], [8, 10]]

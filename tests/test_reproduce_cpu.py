@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from conftest import compose_cfg, load_script
@@ -59,3 +62,43 @@ def test_each_eta_sweep_run_is_table1_accordion_with_its_eta_and_in_no_table(tmp
     assert cfg.run.name == name and cfg.run.table is None and cfg.run.figure is None
     assert cfg.schedule.name == "accordion" and cfg.schedule.eta == eta
     assert cfg.scale.name == "cpu_full" and f"eta {eta:g}" in cfg.run.label
+
+
+def _detect_run(run_dir: Path, critical_epochs: set[int], epochs: int = 30) -> None:
+    """A finished rank-2 detect run as the trainer writes it, holding `critical_epochs` critical
+    (the flags logged at the end of epoch e hold for e + 1; epoch 0 starts critical)."""
+    run_dir.mkdir(parents=True)
+    lines = []
+    for epoch in range(epochs):
+        lr = 0.1 if epoch < 15 else 0.01 if epoch < 25 else 0.001
+        flag = epoch + 1 in critical_epochs
+        lines.append(json.dumps({
+            "epoch": epoch, "lr": lr, "steps": 391, "floats_sent": 1, "bytes_sent": 4,
+            "collectives": 1, "epoch_time_s": 1.0, "compute_time_s": 1.0, "test_acc": 50.0,
+            "detector": {"granularity": "layer+model", "critical": [flag] * 22}}))
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (run_dir / "summary.json").write_text(json.dumps({"status": "completed"}))
+
+
+@pytest.mark.parametrize("arm", ["fig2/resnet18_high_inside", "fig2/resnet18_high_outside"])
+def test_cpu_long_figure2b_arms_wait_for_and_follow_their_seeds_detect_run(tmp_path, arm):
+    """At scale=cpu_long the rank-2 cell watches its critical regimes (schedule.detect=true);
+    each Figure 2 (b) arm waits for it, then puts rank 1 into the epochs the plan gives and
+    writes the plan beside the runs."""
+    script = _script()
+    runs = tmp_path / "runs"
+    reference = script.command(script.FIG2_REFERENCE, 42, tmp_path / "data", tmp_path / "ref",
+                               [], "cpu_long", runs)
+    assert "schedule.detect=true" in reference and "scale=cpu_long" in reference
+    with pytest.raises(script.PlanNotReady, match="static_low seed 42 first"):
+        script.command(arm, 42, tmp_path / "data", tmp_path / "out", [], "cpu_long", runs)
+    _detect_run(script.run_dir(runs, script.FIG2_REFERENCE, 42), {0, 1, 15, 25, 26})
+    argv = script.command(arm, 42, tmp_path / "data", tmp_path / "out", [], "cpu_long", runs)
+    cfg = compose_cfg([a for a in argv[3:] if not a.startswith(("hydra.", "paths."))])
+    inside = arm.endswith("inside")
+    assert cfg.schedule.windows == ([[0, 2], [15, 16], [25, 27]] if inside
+                                    else [[13, 15], [24, 25], [28, 30]])
+    assert (cfg.schedule.inside, cfg.schedule.outside, cfg.scale.name) == (1, 2, "cpu_long")
+    plan = json.loads((runs / "fig2" / "plan_seed42.json").read_text())
+    assert plan["reference"] == f"{script.FIG2_REFERENCE}/seed42"
+    assert plan["critical_epochs"] == [0, 1, 15, 25, 26]
