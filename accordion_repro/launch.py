@@ -221,7 +221,15 @@ def launch(cfg: dict, run_dir: Path) -> None:
     if settings.launcher in ("auto", "env") and env_world_size() is not None:
         _join_env_group(cfg, resolve_backend(cfg, settings), int(settings.timeout_s))
         _limit_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-        _run(cfg, run_dir, in_group=True)
+        try:
+            _run(cfg, run_dir, in_group=True)
+        except RuntimeError as exc:  # gloo's and NCCL's errors; ours are not RuntimeErrors
+            lost = lost_peer(str(exc))
+            if lost is None:
+                raise
+            raise RankFailed(f"rank {env_rank()} lost a peer ({lost}): a rank or node of this job "
+                             f"died, see its log; the same command resumes from the last "
+                             f"checkpoint") from None
         _end_of_run(run_dir, submitit_handler, leader=env_rank() == 0)
         return
     if settings.launcher == "env":
@@ -290,6 +298,18 @@ def _spawn(cfg: dict, run_dir: Path, settings: DistSettings, store_file: str) ->
 _PEER_LOSS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
               "Socket Timeout", "Timed out waiting", "DistBackendError", "ProcessGroupGloo")
 _OWN_CAUSES = ("training diverged",)
+
+
+def lost_peer(message: str) -> str | None:
+    """'Read error [10.0.0.2]:23250: Connection reset by peer' from a collective's error when
+    a peer went away (its process or its node), else None. Under torchrun and Slurm each
+    node's survivors say so in one line, naming the lost peer's address; torch.multiprocessing's
+    survivors are sorted out by _root_cause instead."""
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    if not any(marker in first for marker in _PEER_LOSS):
+        return None
+    first = re.sub(r"^\[[^\]]*\.(cc|cpp):\d+\]\s*", "", first)  # the C++ source location
+    return first.split(". ")[0].strip().rstrip(".")
 
 
 def _cause_line(trace: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -368,11 +369,16 @@ PartitionName={self.PARTITION} Nodes={self.NODE} Default=YES MaxTime=INFINITE St
         return self
 
     # -- use --------------------------------------------------------------------------------
+    def client(self, command: list[str]) -> list[str]:
+        """A command that talks to the cluster (sbatch, squeue, a sweep), as it must be started
+        to reach the controller: as it is here; on the login node of TwoNodeSlurmCluster."""
+        return list(command)
+
     def run(self, command: list[str], *, check: bool = True, timeout: float = 60, **kwargs):
         import subprocess
 
-        out = subprocess.run(command, capture_output=True, text=True, env=self.env, timeout=timeout,
-                             **kwargs)
+        out = subprocess.run(self.client(command), capture_output=True, text=True, env=self.env,
+                             timeout=timeout, **kwargs)
         if check and out.returncode != 0:
             raise AssertionError(f"{' '.join(command)} -> {out.returncode}\n{out.stdout}\n{out.stderr}")
         return out
@@ -523,10 +529,110 @@ PartitionName={self.PARTITION} Nodes={self.NODE} Default=YES MaxTime=INFINITE St
             time.sleep(0.2)
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster():
-    """A running one-node Slurm cluster (see SlurmCluster); skips, saying why, where it cannot
-    run (not root and not installed, no apt-get); fails instead under CI=true, where it must."""
+class TwoNodeSlurmCluster(SlurmCluster):
+    """Two Slurm nodes on two "hosts": network namespaces joined by one veth link, each daemon
+    with its own host name (a UTS namespace) and a hosts file naming both nodes bound over
+    /etc/hosts in its own mount namespace, so that the nodes find each other by name as on a
+    cluster. (nsenter, not `ip netns exec`: that remounts /sys, hiding the cgroup file system
+    slurmd needs.) Node `nodea` also runs slurmctld and is the login node: every client
+    command starts in its network namespace. munged stays on this host; its socket is a file
+    both namespaces see. One stand-in GPU per node."""
+
+    NODES = ("nodea", "nodeb")
+    NODE = "nodea"
+
+    def __init__(self, directory: Path):
+        from accordion_repro.netbench.netns import NamespacePair
+
+        super().__init__(directory)
+        self.pair = NamespacePair("slurm")
+        self.hosts = self.dir / "hosts"
+
+    def _enter(self, side: int) -> list[str]:
+        return ["nsenter", f"--net=/run/netns/{self.pair.namespaces[side]}"]
+
+    def client(self, command: list[str]) -> list[str]:
+        return [*self._enter(0), *command]
+
+    def _on_node(self, side: int, command: list[str]) -> list[str]:
+        return [*self._enter(side), "unshare", "--mount", "--uts", "sh", "-c",
+                f'mount --bind {self.hosts} /etc/hosts && hostname {self.NODES[side]} && exec "$@"',
+                "sh", *command]
+
+    def write_config(self) -> None:
+        super().write_config()
+        a, b = self.pair.addresses
+        nodes = ",".join(self.NODES)
+        text = self.conf.read_text()
+        text = text.replace(f"SlurmctldHost={self.NODE}\n", f"SlurmctldHost={self.NODE}({a})\n")
+        text = text.replace("SlurmdPidFile=", "SlurmdPidFile=").replace(
+            "/run/slurmd.pid", "/run/slurmd-%n.pid").replace("/log/slurmd.log", "/log/slurmd-%n.log")
+        node_line = next(line for line in text.splitlines() if line.startswith("NodeName="))
+        memory = re.search(r"RealMemory=(\d+)", node_line).group(1)
+        text = text.replace(node_line, "\n".join(
+            f"NodeName={name} NodeAddr={addr} CPUs={self.cpus} RealMemory={memory} Gres=gpu:1 "
+            f"State=UNKNOWN" for name, addr in zip(self.NODES, self.pair.addresses)))
+        text = text.replace(f"Nodes={self.NODE} ", f"Nodes={nodes} ")
+        self.conf.write_text(text)
+        (self.dir / "gres.conf").write_text("".join(f"NodeName={name} Name=gpu File=/dev/null\n"
+                                                    for name in self.NODES))
+
+    def start(self) -> "TwoNodeSlurmCluster":
+        import subprocess
+
+        self._system_before = _tree_state(SLURM_SYSTEM_PATHS)
+        self.pair.create()
+        self.write_config()
+        self.hosts.write_text("127.0.0.1 localhost\n" + "".join(
+            f"{addr} {name}\n" for name, addr in zip(self.NODES, self.pair.addresses)))
+        for node in self.NODES:
+            (self.dir / "spool" / node).mkdir(parents=True, exist_ok=True)
+        d = self.dir
+        self._start("munged", ["munged", "--foreground", f"--key-file={d}/munge/munge.key",
+                               f"--socket={self.socket}", f"--pid-file={d}/run/munged.pid",
+                               f"--seed-file={d}/munge/munged.seed", f"--log-file={d}/log/munged.log"])
+        self._wait("munged to answer on its socket", lambda: self.socket.exists() and subprocess.run(
+            ["munge", "-n", "-S", str(self.socket)], capture_output=True, timeout=30,
+            env=self.env).returncode == 0, 30)
+        self._start("slurmctld", self._on_node(0, ["slurmctld", "-D", "-f", str(self.conf)]))
+        for side, node in enumerate(self.NODES):
+            self._start(f"slurmd-{node}", self._on_node(side, ["slurmd", "-D", "-N", node, "-f",
+                                                               str(self.conf)]))
+
+        def nodes_idle() -> bool:
+            out = self.run(["sinfo", "-h", "-N", "-o", "%N %t"], check=False).stdout.split()
+            return out == ["nodea", "idle", "nodeb", "idle"]
+
+        self._wait("sinfo to show nodea and nodeb idle", nodes_idle, 90)
+        return self
+
+    def kill_node(self, side: int) -> list[int]:
+        """SIGKILL every process on one host (its slurmd, its job steps, their ranks), as a
+        node that loses power; the pids killed."""
+        import signal as _signal
+        import subprocess
+
+        out = subprocess.run(["ip", "netns", "pids", self.pair.namespaces[side]],
+                             capture_output=True, text=True).stdout
+        pids = [int(token) for token in out.split()]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, _signal.SIGKILL)
+        return pids
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        try:
+            super().stop()
+        finally:
+            self.pair.teardown()
+
+
+def _running_cluster(cls: type[SlurmCluster]):
+    """A started cluster of `cls`, stopped and checked afterwards; skips, saying why, where it
+    cannot run (not root and not installed, no apt-get, no netns); fails instead under CI=true,
+    where it must."""
     import atexit
     import shutil
     import sys
@@ -538,12 +644,18 @@ def slurm_cluster():
     if os.geteuid() != 0:
         pytest.skip("the Slurm tests need root: they may apt-get install slurm-wlm and munge, "
                     "and slurmd runs jobs as root")
+    if cls is TwoNodeSlurmCluster:
+        from accordion_repro.netbench.netns import missing_requirement
+
+        missing = missing_requirement()
+        if missing:
+            (pytest.fail if must else pytest.skip)(f"no two-node Slurm cluster: {missing}")
     try:
         SlurmCluster.install()
     except SlurmUnavailable as exc:
         (pytest.fail if must else pytest.skip)(f"no Slurm cluster: {exc}")
     # Not under pytest's tmp_path: munged refuses a socket below a folder others cannot enter.
-    cluster = SlurmCluster(tempfile.mkdtemp(prefix="accordion-slurm-"))
+    cluster = cls(tempfile.mkdtemp(prefix="accordion-slurm-"))
     atexit.register(cluster.stop)
     try:
         cluster.start()
@@ -561,3 +673,15 @@ def slurm_cluster():
             shutil.rmtree(cluster.dir, ignore_errors=True)
         assert not left, f"processes of the test Slurm cluster outlived it: {left}"
         assert not changed, f"the test Slurm cluster changed files outside {cluster.dir}: {changed}"
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A running one-node Slurm cluster (see SlurmCluster)."""
+    yield from _running_cluster(SlurmCluster)
+
+
+@pytest.fixture(scope="session")
+def slurm_two_nodes():
+    """A running two-node Slurm cluster across two network namespaces (TwoNodeSlurmCluster)."""
+    yield from _running_cluster(TwoNodeSlurmCluster)

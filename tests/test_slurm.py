@@ -50,10 +50,11 @@ def long_run(world: int) -> list[str]:
             f"dist.nproc_per_node={world}"]
 
 
-def launcher(tasks: int) -> list[str]:
-    """The launcher profile sized for this node: `tasks` Slurm tasks (= ranks) per job, one
-    stand-in GPU each."""
+def launcher(tasks: int, nodes: int = 1) -> list[str]:
+    """The launcher profile sized for this cluster: `tasks` Slurm tasks (= ranks) per node on
+    `nodes` nodes, one stand-in GPU each."""
     return ["-m", "hydra/launcher=slurm", f"hydra.launcher.partition={SlurmCluster.PARTITION}",
+            f"hydra.launcher.nodes={nodes}",
             f"hydra.launcher.tasks_per_node={tasks}", f"hydra.launcher.gpus_per_node={tasks}",
             "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=1",
             "hydra.launcher.timeout_min=10"]
@@ -118,8 +119,8 @@ def sweep(cluster: SlurmCluster, runs_dir: Path, log: Path, args: list[str] = SW
     """Start a sweep (it waits for its jobs, as a user's terminal would). MASTER_PORT: the
     default (20000 + job id) could meet another test cluster's jobs on this machine."""
     with log.open("w") as out:
-        return subprocess.Popen([sys.executable, "-m", "accordion_repro.train", *args,
-                                 f"paths.runs_dir={runs_dir}"], cwd=REPO,
+        return subprocess.Popen(cluster.client([sys.executable, "-m", "accordion_repro.train",
+                                                *args, f"paths.runs_dir={runs_dir}"]), cwd=REPO,
                                 env={**cluster.env, "MASTER_PORT": str(free_port())},
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -181,12 +182,15 @@ ENDED = {"COMPLETED"} | SlurmCluster.FAILED_STATES
 
 
 def sbatch(cluster: SlurmCluster, tmp_path: Path, overrides: list[str], *, wait: bool,
-           timeout: float = 240):
-    """Submit slurm/torchrun.sbatch on this node's 2 stand-in GPUs, from the repository as a
-    user would; (job id, its log, its final `scontrol show job` when `wait`)."""
+           timeout: float = 240, nodes: int = 1):
+    """Submit slurm/torchrun.sbatch on 2 stand-in GPUs (one node's two, or one on each of two
+    nodes), from the repository as a user would; (job id, its log, its final `scontrol show
+    job` when `wait`)."""
     cpus = max(1, min(2, cluster.cpus))
-    command = ["sbatch", "--parsable", "--gpus-per-node=2", f"--cpus-per-task={cpus}", "--mem=1G",
-               "--time=10", f"--output={tmp_path}/slurm-%j.out", str(SBATCH), *overrides]
+    command = cluster.client(["sbatch", "--parsable", f"--nodes={nodes}",
+                              f"--gpus-per-node={2 // nodes}", f"--cpus-per-task={cpus}",
+                              "--mem=1G", "--time=10", f"--output={tmp_path}/slurm-%j.out",
+                              str(SBATCH), *overrides])
     job_env = {**cluster.env, "TORCHRUN": str(Path(sys.executable).with_name("torchrun")),
                "MASTER_PORT": str(free_port())}
     job_env.pop("GPUS_PER_NODE", None)  # the rank count must come from Slurm
@@ -198,6 +202,28 @@ def sbatch(cluster: SlurmCluster, tmp_path: Path, overrides: list[str], *, wait:
     # (not `sbatch --wait`: it polls ever more slowly, up to half a minute between looks)
     info = cluster.wait_for_state(job_id, ENDED, timeout=timeout) if wait else {}
     return job_id, tmp_path / f"slurm-{job_id}.out", info
+
+
+def requeued_sbatch(cluster: SlurmCluster, tmp_path: Path, interrupt: list[str], *, nodes: int):
+    """A two-rank slurm/torchrun.sbatch job interrupted once past epoch 0 (`interrupt` + the
+    job id), waited for through its requeue to its end; (job id, run directory, final
+    `scontrol show job`, job log). Checks it completed after one restart and resumed (epoch
+    0's line kept) rather than restarted."""
+    runs_dir = tmp_path / "runs"
+    job_id, log, _ = sbatch(cluster, tmp_path, [*long_run(2), f"paths.runs_dir={runs_dir}"],
+                            wait=False, nodes=nodes)
+    try:
+        run = wait_until(lambda: past_epoch0(runs_dir), timeout=240, what="epoch 0")
+        epoch0 = first_line(run / "metrics.jsonl")
+        cluster.run([*interrupt, job_id])
+        cluster.start_requeued(job_id)
+        info = cluster.wait_for_state(job_id, ENDED, timeout=300)
+    finally:
+        cluster.run(["scancel", job_id], check=False)
+    text = read_log(log)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, tail(text))
+    assert first_line(run / "metrics.jsonl") == epoch0  # resumed, not restarted
+    return job_id, run, info, text
 
 
 def no_process_left(cluster: SlurmCluster, job_id: str, grace: float = 30) -> None:
@@ -338,23 +364,11 @@ def test_sbatch_job_signalled_before_its_time_limit_requeues_and_resumes(
     """`#SBATCH --signal=B:USR1@300` delivers USR1 to the batch script 5 minutes before the
     time limit; its trap requeues the job, which resumes from its own checkpoint."""
     assert torchrun_job["info"]["JobState"] == "COMPLETED", "the uninterrupted torchrun job failed"
-    runs_dir = tmp_path / "runs"
-    job_id, log, _ = sbatch(slurm_cluster, tmp_path, [*long_run(2), f"paths.runs_dir={runs_dir}"],
-                            wait=False)
-    try:
-        run = wait_until(lambda: past_epoch0(runs_dir), timeout=180, what="epoch 0")
-        epoch0 = first_line(run / "metrics.jsonl")
-        slurm_cluster.run(["scancel", "--batch", "--signal=USR1", job_id])
-        slurm_cluster.start_requeued(job_id)
-        info = slurm_cluster.wait_for_state(job_id, ENDED, timeout=180)
-    finally:
-        slurm_cluster.run(["scancel", job_id], check=False)
-    text = read_log(log)
-    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, tail(text))
+    job_id, run, info, text = requeued_sbatch(
+        slurm_cluster, tmp_path, ["scancel", "--batch", "--signal=USR1"], nodes=1)
     assert f"time limit near: requeueing job {job_id} (restart 1 of 20)" in text
     stops = re.findall(r"^stopped: SIGTERM during epoch (\d+)", text, re.M)
     assert stops and all(1 <= int(e) < EPOCHS for e in stops), tail(text)
-    assert first_line(run / "metrics.jsonl") == epoch0  # resumed, not restarted
     assert read_summary(run)["status"] == "completed"
     [reference] = seed_runs(torchrun_job["runs_dir"]).values()
     assert without_timing(read_metrics(run)) == without_timing(read_metrics(reference))
@@ -468,3 +482,71 @@ def test_a_cluster_stops_every_process_it_started_and_changes_nothing_outside_it
     import shutil
 
     shutil.rmtree(cluster.dir, ignore_errors=True)
+
+
+# ---- 5. two nodes: two network namespaces, a slurmd in each ----------------------------------
+@pytest.fixture(scope="module")
+def two_node_torchrun_job(slurm_two_nodes, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("two_nodes")
+    job_id, log, info = sbatch(slurm_two_nodes, tmp, [*long_run(2), f"paths.runs_dir={tmp}/runs"],
+                               wait=True, nodes=2)
+    return {"job_id": job_id, "log": log, "info": info, "runs_dir": tmp / "runs"}
+
+
+@pytest.fixture(scope="module")
+def one_host_reference(torchrun_job):
+    """The same tiny long run as 2 ranks on one host (the one-node cluster's torchrun job):
+    the value-by-value reference."""
+    assert torchrun_job["info"]["JobState"] == "COMPLETED", "the one-node torchrun job failed"
+    [run] = seed_runs(torchrun_job["runs_dir"]).values()
+    return run
+
+
+@pytest.mark.distributed
+def test_sbatch_on_two_nodes_runs_one_torchrun_per_node_and_equals_one_host(
+        slurm_two_nodes, two_node_torchrun_job, one_host_reference):
+    """`sbatch --nodes 2 slurm/torchrun.sbatch`: one task per node, torchrun on each, the c10d
+    rendezvous at the first node by its name; the run equals 2 ranks on one host."""
+    job = two_node_torchrun_job
+    job_id, text, info = job["job_id"], read_log(job["log"]), job["info"]
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (info, tail(text))
+    assert info["NumNodes"] == "2" and info["NodeList"] == "nodea,nodeb", info
+    assert re.search(rf"^job {job_id}: 2 node\(s\) x 1 GPU\(s\), rendezvous nodea:\d+$", text, re.M), \
+        tail(text)
+    [run] = seed_runs(job["runs_dir"]).values()
+    assert read_summary(run)["status"] == "completed" and read_summary(run)["world_size"] == 2
+    assert without_timing(read_metrics(run)) == without_timing(read_metrics(one_host_reference))
+    no_process_left(slurm_two_nodes, job_id)
+
+
+@pytest.mark.distributed
+def test_a_two_node_sweep_job_through_submitit_puts_one_rank_on_each_node(
+        slurm_two_nodes, one_host_reference, tmp_path):
+    """`hydra/launcher=slurm hydra.launcher.nodes=2` (one task per node): submitit's srun starts
+    a rank on each node, they join from Slurm's environment (MASTER_ADDR = the first node)."""
+    runs_dir = tmp_path / "runs"
+    args = [*launcher(1, nodes=2), *long_run(2)]
+    with sweeping(slurm_two_nodes, runs_dir, tmp_path / "sweep.log", args) as proc:
+        status = finish(proc, 400, slurm_two_nodes, runs_dir)
+    assert status == 0, tail(read_log(tmp_path / "sweep.log"))
+    [job_id] = _sweep_job_ids(runs_dir)
+    [record] = completions(slurm_two_nodes, job_id)
+    assert record["JobState"] == "COMPLETED" and record["NodeCnt"] == "2", record
+    assert record["NodeList"] == "nodea,nodeb" and record["ProcCnt"] == "2", record
+    [run] = seed_runs(runs_dir).values()
+    assert read_summary(run)["world_size"] == 2
+    assert without_timing(read_metrics(run)) == without_timing(read_metrics(one_host_reference))
+    no_process_left(slurm_two_nodes, job_id)
+
+
+@pytest.mark.distributed
+def test_a_two_node_job_requeued_mid_run_resumes_to_the_uninterrupted_metrics(
+        slurm_two_nodes, two_node_torchrun_job, tmp_path):
+    """`scontrol requeue` mid-epoch: both nodes' ranks stop, the job comes back on the nodes it
+    gets and resumes from its own checkpoint."""
+    assert two_node_torchrun_job["info"]["JobState"] == "COMPLETED", "the uninterrupted job failed"
+    job_id, run, info, text = requeued_sbatch(slurm_two_nodes, tmp_path, ["scontrol", "requeue"],
+                                              nodes=2)
+    [reference] = seed_runs(two_node_torchrun_job["runs_dir"]).values()
+    assert without_timing(read_metrics(run)) == without_timing(read_metrics(reference))
+    no_process_left(slurm_two_nodes, job_id)
