@@ -628,6 +628,13 @@ class TwoNodeSlurmCluster(SlurmCluster):
         finally:
             self.pair.teardown()
 
+    def system_changes(self) -> list[str]:
+        from accordion_repro.netbench.netns import list_namespaces
+
+        left = [f"namespace {ns} (and its veth end) left" for ns in self.pair.namespaces
+                if ns in list_namespaces()]
+        return super().system_changes() + left
+
 
 def _running_cluster(cls: type[SlurmCluster]):
     """A started cluster of `cls`, stopped and checked afterwards; skips, saying why, where it
