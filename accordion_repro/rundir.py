@@ -33,6 +33,7 @@ from pathlib import Path
 import yaml
 
 from accordion_repro.engine.checkpoint import checkpoint_path, read as read_checkpoint
+from accordion_repro.engine.settings import TrainerSettings
 from accordion_repro.utils import atomic_write_text, pid_alive
 
 MOVABLE = ("resolved.yaml", "metrics.jsonl", "summary.json", "checkpoints", "wandb")
@@ -79,7 +80,7 @@ class RunRecordGap(RuntimeError):
 
 # Keys added after runs were made: a run directory whose config lacks one ran as this value.
 ADDED_KEYS = {"trainer.precision": "fp32", "trainer.channels_last": False, "dataset.pipeline": "pil",
-              "schedule.detect": False}
+              "schedule.detect": False, "model.width": 1.0}
 # A static schedule without `detect` runs no detector: its detector options compute nothing.
 DETECTOR_KEYS = {"schedule.eta", "schedule.interval", "schedule.lr_decay_rule", "schedule.statistic"}
 
@@ -145,8 +146,8 @@ def check_existing_run(run_dir: Path, resolved: dict) -> dict[str, list]:
     With trainer.resume=never an existing run is moved aside first (nothing is compared).
     """
     run_dir = Path(run_dir)
-    trainer = resolved["trainer"]
-    if trainer["resume"] == "never":
+    trainer = TrainerSettings.from_config(resolved["trainer"])
+    if trainer.resume == "never":
         moved = move_aside(run_dir)
         if moved is not None:
             print(f"trainer.resume=never: the previous run in {run_dir} was moved to {moved}")
@@ -157,7 +158,7 @@ def check_existing_run(run_dir: Path, resolved: dict) -> dict[str, list]:
     if trained is None:
         return {}
     delta = config_delta(trained, resolved)
-    if delta and not trainer.get("allow_config_change", False):
+    if delta and not trainer.allow_config_change:
         raise ConfigMismatch(
             f"{run_dir} holds a run with a different config ({_shown(delta)}). Rerun with the "
             f"run's own config to resume it, trainer.resume=never to move it aside and start "

@@ -540,14 +540,13 @@ def test_image_loader_batches_the_rank_shard():
 
 # ---------------------------------------------------------------- conf/dataset/*.yaml
 def _dataset_config(name: str, data_dir: str):
-    node = OmegaConf.load(REPO / "conf" / "dataset" / f"{name}.yaml")
-    root = OmegaConf.create({"paths": {"data_dir": data_dir}, "dataset": node})
-    return root.dataset
+    """conf/dataset/<name>.yaml as composed: the settings dataclass's defaults under the file."""
+    return compose_cfg([f"dataset={name}", f"paths.data_dir={data_dir}"]).dataset
 
 
 @pytest.mark.parametrize("name", DATASET_NAMES)
 def test_every_dataset_has_a_config_whose_name_comes_first(name):
-    node = OmegaConf.load(REPO / "conf" / "dataset" / f"{name}.yaml")
+    node = _dataset_config(name, "/data")
     assert next(iter(node)) == "name" and node.name == name
 
 

@@ -108,6 +108,14 @@ def test_wandb_offline_run_keeps_its_id_across_a_resume(tmp_path):
     ("compressor=powersgd compressor.rank=0", "compressor.rank"),
     ("compressor=topk compressor.ratio=1.5", "compressor.ratio"),
     ("compressor=powersgd schedule=accordion schedule.eta=0", "schedule.eta"),
+    ("dataset.augment=maybe", "dataset.augment"),
+    ("trainer.checkpoint=maybe", "trainer.checkpoint"),
+    ("optim.nesterov=sometimes", "optim.nesterov"),
+    ("dist.timeout_s=-5", "dist.timeout_s"),
+    ("dataset.train_size=0", "dataset.train_size"),
+    ("dataset.pipeline=gpu", "dataset.pipeline"),
+    ("+dataset.agument=false", "dataset.agument"),
+    ("model.width=0", "model.width"),
 ])
 def test_bad_values_are_rejected_with_their_key(override, key):
     from accordion_repro.config import validate

@@ -20,6 +20,9 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from accordion_repro.models.settings import SETTINGS as MODEL_SETTINGS, SIZE_OPTIONS
+from accordion_repro.options import defaults_of
+
 RUN_FILES = ("resolved.yaml", "metrics.jsonl", "summary.json")
 REQUIRED_METRICS = ("epoch", "steps", "floats_sent", "bytes_sent", "collectives",
                     "epoch_time_s", "compute_time_s")
@@ -28,10 +31,11 @@ RUN_DIR = "run_dir"
 UNFINISHED_STATUSES = ("running", "stopped")   # resumable: the job is going or was preempted
 
 
-# Size options of the paper models; a run that changes one is a reduced model, and every table
-# and figure built from it says so.
-PAPER_MODEL_SIZES = {"model.width": 1.0, "model.stage4_channels": 512, "model.num_layers": 3,
-                     "model.hidden_size": 650, "model.embedding_size": 650}
+# Size options of the paper models (their defaults); a run that changes one is a reduced model,
+# and every table and figure built from it says so.
+_DEFAULTS = {key: value for settings in MODEL_SETTINGS.values()
+             for key, value in defaults_of(settings).items()}
+PAPER_MODEL_SIZES = {f"model.{key}": _DEFAULTS[key] for key in SIZE_OPTIONS}
 
 
 def model_variant(values: Mapping[str, Any]) -> str | None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..errors import ConfigError
 from . import cifar, npz, synthetic, wikitext
-from .bundle import DataBundle, validate_subset
+from .bundle import DataBundle
+from .settings import dataset_settings
 
 
-def _nothing(cfg) -> None:
+def _nothing(settings) -> None:
     """Synthetic data is generated: no files to find; only npz files have one-off work."""
 
 
@@ -27,28 +27,19 @@ _DATASETS = {
 DATASET_NAMES: tuple[str, ...] = tuple(_DATASETS)
 
 
-def _dataset(cfg: Mapping):
-    name = cfg.get("name", None)
-    if name not in _DATASETS:
-        raise ConfigError("dataset.name",
-                          f"unknown dataset {name!r}; choose one of {', '.join(DATASET_NAMES)}")
-    validate_subset(cfg.get("subset", None))
-    return _DATASETS[name]
-
-
 def check_dataset(cfg: Mapping) -> None:
-    """Fail fast, before any rank starts, on a bad name, subset or missing files."""
-    check, _, _ = _dataset(cfg)
-    check(cfg)
+    """Fail fast, before any rank starts, on a bad name or option or on missing files."""
+    settings = dataset_settings(cfg)
+    _DATASETS[settings.name][0](settings)
 
 
 def prepare_dataset(cfg: Mapping) -> None:
     """Do the dataset's one-off work (decode caches) in the launching process."""
-    _, prepare, _ = _dataset(cfg)
-    prepare(cfg)
+    settings = dataset_settings(cfg)
+    _DATASETS[settings.name][1](settings)
 
 
 def build_data(cfg: Mapping, seed: int) -> DataBundle:
     """Load (or generate) the dataset a `dataset` config node describes."""
-    _, _, build = _dataset(cfg)
-    return build(cfg, seed)
+    settings = dataset_settings(cfg)
+    return _DATASETS[settings.name][2](settings, seed)

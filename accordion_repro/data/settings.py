@@ -1,0 +1,147 @@
+"""Each dataset's options (`dataset.*`), one default each, read before any rank starts.
+
+The datasets are also built without Hydra (tests, scripts), so a default lives here and conf/
+gets it through `_defaults/dataset/<name>` (config.py register_defaults); conf/dataset/ holds
+only what ties to another key (`root: ${paths.data_dir}`) or what no default can know (a path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+from ..options import Options, Settings, option
+from .bundle import validate_subset
+
+PIPELINES = ("pil", "device")
+
+# Official normalisation (facts section 5). CIFAR-10's is given in 0..255 units in the code.
+CIFAR10_MEAN = tuple(v / 255.0 for v in (125.3, 123.0, 113.9))
+CIFAR10_STD = tuple(v / 255.0 for v in (63.0, 62.1, 66.7))
+CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
+CIFAR100_STD = (0.2673, 0.2564, 0.2762)
+
+
+def _subset(o: Options, key: str):
+    validate_subset(o.get(key))
+    return o.get(key)
+
+
+def _channels(o: Options, key: str) -> tuple[float, float, float]:
+    value = o.get(key)
+    if value is None:  # null: the dataset's own statistics
+        return tuple(o.defaults[key])
+    values = tuple(float(v) for v in value)
+    if len(values) != 3:
+        raise o.error(key, f"needs 3 per-channel values, got {len(values)}")
+    if key == "std" and min(values) <= 0:
+        raise o.error(key, f"every entry must be positive, got {values}")
+    return values
+
+
+def _text(o: Options, key: str) -> str | None:
+    value = o.get(key)
+    if value is not None and not isinstance(value, str):
+        raise o.error(key, f"must be a path, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSettings(Settings):
+    SECTION = "dataset"
+    name: str = option(Options.get)
+    # null | fraction in (0, 1] | count of training images (seeded) or a prefix of train tokens
+    subset: int | float | None = option(_subset, default=None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageSettings(DataSettings):
+    augment: bool = option(Options.flag, default=True)  # RandomCrop(32, padding=4) + flip
+    # pil: per-image PIL transforms (official) | device: the same augmentation on whole
+    # batches on the rank's device (data/device_pipeline.py; for GPUs)
+    pipeline: str = option(Options.choice, PIPELINES, default="pil")
+    rotation_degrees: float = option(Options.number, closed="low", default=0.0)
+    mean: tuple = option(_channels, default=CIFAR10_MEAN)
+    std: tuple = option(_channels, default=CIFAR10_STD)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CifarSettings(ImageSettings):
+    root: str = option(_text)  # holds torchvision's python-version folder
+    download: bool = option(Options.flag, default=False)  # torchvision fetches the archive
+    verify_checksums: bool = option(Options.flag, default=True)  # md5 of the official files
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cifar100Settings(CifarSettings):
+    rotation_degrees: float = option(Options.number, closed="low", default=15.0)  # official
+    mean: tuple = option(_channels, default=CIFAR100_MEAN)
+    std: tuple = option(_channels, default=CIFAR100_STD)
+
+
+def _paths(o: Options, key: str) -> tuple[str, ...]:
+    path = o.get(key)
+    if path is None or (not isinstance(path, str) and len(path) == 0):
+        raise o.error(key, "give an .npz file or a list of them")
+    return (str(path),) if isinstance(path, str) else tuple(str(p) for p in path)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NpzSettings(ImageSettings):
+    path: tuple = option(_paths)  # one .npz or a list (conf/dataset/npz.yaml)
+    num_classes: int = option(Options.integer, minimum=2, default=10)
+    cache_dir: str | None = option(_text, default=None)  # decoded JPEGs; null: decode_cache's
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyntheticImageSettings(ImageSettings):
+    num_classes: int = option(Options.integer, minimum=2, default=10)
+    train_size: int = option(Options.integer, default=2048)
+    test_size: int = option(Options.integer, default=512)
+    noise: float = option(Options.number, closed="low", default=2.0)  # in template stds
+    pixel_noise: float = option(Options.number, closed="low", default=0.3)  # same units
+    data_seed: int | None = option(Options.integer, minimum=0, optional=True, default=None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyntheticImage100Settings(SyntheticImageSettings):
+    num_classes: int = option(Options.integer, minimum=2, default=100)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextSettings(DataSettings):
+    bptt: int = option(Options.integer, default=30)
+    eval_batch_size: int = option(Options.integer, default=10)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WikiTextSettings(TextSettings):
+    root: str = option(_text)
+    lowercase: bool = option(Options.flag, default=False)  # the official code lower-cased
+    # the official "test" perplexity is on the validation split
+    eval_split: str = option(Options.choice, ("valid", "test"), default="valid")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyntheticTextSettings(TextSettings):
+    vocab_size: int = option(Options.integer, minimum=2, default=1000)
+    train_tokens: int = option(Options.integer, minimum=2, default=100_000)
+    eval_tokens: int = option(Options.integer, minimum=2, default=20_000)
+    branching: int = option(Options.integer, default=4)  # successors per token
+    data_seed: int | None = option(Options.integer, minimum=0, optional=True, default=None)
+
+
+SETTINGS: dict[str, type[DataSettings]] = {
+    "cifar10": CifarSettings, "cifar100": Cifar100Settings, "npz": NpzSettings,
+    "synthetic_cifar10": SyntheticImageSettings, "synthetic_cifar100": SyntheticImage100Settings,
+    "wikitext2": WikiTextSettings, "synthetic_text": SyntheticTextSettings,
+}
+
+
+def dataset_settings(cfg) -> DataSettings:
+    """The `dataset` node, checked: its name, then every option its dataset takes."""
+    name = cfg.get("name", None)
+    if name not in SETTINGS:
+        raise ConfigError("dataset.name",
+                          f"unknown dataset {name!r}; choose one of {', '.join(SETTINGS)}")
+    return SETTINGS[name].from_config(cfg, owner=f"dataset {name!r}")
