@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import signal
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -49,3 +52,13 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def die_with_parent(sig: int = signal.SIGKILL, parent_pid: int | None = None) -> None:
+    """In a child (a preexec_fn, or first thing in a spawned rank), Linux only: the child gets
+    `sig` when its parent dies, even by SIGKILL, so no rank or daemon outlives its starter.
+    With `parent_pid`, a child whose parent died before the request took effect exits now."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(1)
