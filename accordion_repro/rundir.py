@@ -41,6 +41,8 @@ MOVABLE = ("resolved.yaml", "metrics.jsonl", "summary.json", "checkpoints", "wan
 # Keys that say where or how visibly a run happens, not what it computes. A resumed run may
 # change them freely; every other key must match the run already in the directory.
 # `scale.*` only feeds other keys (trainer.epochs, model.width, ...), which are compared.
+# conf/config.yaml's exclude_keys (overrides left out of the directory name) must all be here:
+# tests/test_run_integrity.py checks it.
 IGNORED_PREFIXES = ("logger.", "paths.", "scale.")
 IGNORED_KEYS = {
     "trainer.resume", "trainer.progress", "trainer.stop_after_epoch",

@@ -619,3 +619,29 @@ def test_detector_options_of_a_static_run_matter_only_when_it_detects(case):
     else:
         assert set(delta) == {"schedule.detect", "schedule.eta", "schedule.interval",
                               "schedule.lr_decay_rule", "schedule.statistic"}
+
+
+# Keys named by the run directory itself (seed<seed>, <scale.name>/<run.name>/; an experiment
+# sets run.name) or that are no config key (a Hydra group of Hydra's own).
+_IN_THE_PATH = {"seed", "run.name", "experiment", "scale", "hydra/launcher"}
+
+
+def test_every_override_the_directory_name_leaves_out_is_ignored_on_resume():
+    """Two jobs that differ only in an override conf/config.yaml's exclude_keys leaves out of
+    the directory name share one directory, so rundir must let the second resume the first."""
+    import yaml
+
+    from accordion_repro.rundir import config_delta
+
+    config = yaml.safe_load((REPO / "conf" / "config.yaml").read_text())
+    excluded = set(config["hydra"]["job"]["config"]["override_dirname"]["exclude_keys"])
+    assert _IN_THE_PATH <= excluded
+
+    def nested(key: str, value) -> dict:
+        for part in reversed(key.split(".")):
+            value = {part: value}
+        return value
+
+    compared = [key for key in sorted(excluded - _IN_THE_PATH)
+                if config_delta(nested(key, "old"), nested(key, "new"))]
+    assert not compared, f"rundir.py compares {compared} though the directory name leaves them out"
