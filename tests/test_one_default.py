@@ -71,6 +71,7 @@ def test_conf_sets_no_option_the_dataclass_defaults(group, name, settings):
     assert not repeated, f"conf/{group}/{name}.yaml repeats the dataclass default of {repeated}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("group, name, settings", CASES, ids=[f"{g}={n}" for g, n, _ in CASES])
 def test_every_option_reaches_conf_with_the_dataclass_default(group, name, settings):
     chosen = [f"{group}={name}"] + (["dataset=synthetic_cifar10"] if group != "dataset" else [])
