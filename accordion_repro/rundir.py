@@ -34,7 +34,7 @@ import yaml
 
 from accordion_repro.engine.checkpoint import checkpoint_path, read as read_checkpoint
 from accordion_repro.engine.settings import TrainerSettings
-from accordion_repro.utils import atomic_write_text, pid_alive
+from accordion_repro.utils import atomic_write_text, flatten, pid_alive
 
 MOVABLE = ("resolved.yaml", "metrics.jsonl", "summary.json", "checkpoints", "wandb")
 
@@ -91,17 +91,6 @@ def _runs_no_detector(flat: dict) -> bool:
     return flat.get("schedule.name") == "static" and not flat.get("schedule.detect", False)
 
 
-def _flatten(mapping, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in mapping.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{name}."))
-        else:
-            flat[name] = value
-    return flat
-
-
 def _file_names(value) -> list[str]:
     return [os.path.basename(str(v)) for v in (value if isinstance(value, list) else [value])]
 
@@ -111,7 +100,7 @@ def config_delta(old: dict, new: dict) -> dict[str, list]:
 
     dataset.path may move between machines; only its file names must still agree.
     """
-    a, b = _flatten(old), _flatten(new)
+    a, b = flatten(old), flatten(new)
     inert = DETECTOR_KEYS if _runs_no_detector(a) and _runs_no_detector(b) else set()
     delta = {}
     for key in sorted(set(a) | set(b)):

@@ -8,7 +8,7 @@ import os
 import signal
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -62,3 +62,16 @@ def die_with_parent(sig: int = signal.SIGKILL, parent_pid: int | None = None) ->
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
     if parent_pid is not None and os.getppid() != parent_pid:
         os._exit(1)
+
+
+def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"model": {"name": "resnet18"}} -> {"model.name": "resnet18"}; lists stay values. The
+    run directory check and the analysis name a config's keys alike."""
+    flat: dict[str, Any] = {}
+    for key, value in mapping.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, prefix=f"{name}."))
+        else:
+            flat[name] = value
+    return flat

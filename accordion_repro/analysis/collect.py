@@ -20,8 +20,10 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from accordion_repro.models.settings import SETTINGS as MODEL_SETTINGS, SIZE_OPTIONS
+from accordion_repro.models.factory import SETTINGS as MODEL_SETTINGS
+from accordion_repro.models.settings import SIZE_OPTIONS
 from accordion_repro.options import defaults_of
+from accordion_repro.utils import flatten
 
 RUN_FILES = ("resolved.yaml", "metrics.jsonl", "summary.json")
 REQUIRED_METRICS = ("epoch", "steps", "floats_sent", "bytes_sent", "collectives",
@@ -109,18 +111,6 @@ class Collection:
     frame: pd.DataFrame                      # one row per (run, epoch)
     broken: list[tuple[str, str]] = field(default_factory=list)      # (run dir, reason)
     unfinished: list[tuple[str, str]] = field(default_factory=list)  # (run dir, reason)
-
-
-def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"model": {"name": "resnet18"}} -> {"model.name": "resnet18"}; lists stay values."""
-    flat: dict[str, Any] = {}
-    for key, value in mapping.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            flat.update(flatten(value, prefix=f"{name}."))
-        else:
-            flat[name] = value
-    return flat
 
 
 def find_run_dirs(runs_dir: str | os.PathLike) -> tuple[list[Path], list[tuple[Path, str]]]:
