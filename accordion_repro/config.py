@@ -66,8 +66,8 @@ def register_defaults() -> None:
     from hydra.core.config_store import ConfigStore
 
     from accordion_repro.accordion import SCHEDULES
-    from accordion_repro.data.settings import SETTINGS as DATASET_SETTINGS
-    from accordion_repro.models.settings import SETTINGS as MODEL_SETTINGS
+    from accordion_repro.data.registry import SETTINGS as DATASET_SETTINGS
+    from accordion_repro.models.factory import SETTINGS as MODEL_SETTINGS
 
     store = ConfigStore.instance()
     groups = {"compressor": COMPRESSOR_SETTINGS, "model": MODEL_SETTINGS,
@@ -101,8 +101,7 @@ def validate(cfg: DictConfig) -> None:
     from accordion_repro.accordion import SCHEDULES, validate_schedule
     from accordion_repro.comm import validate_compressor
     from accordion_repro.data import DATASET_NAMES, check_dataset
-    from accordion_repro.models import MODEL_NAMES
-    from accordion_repro.models.settings import SETTINGS as MODEL_SETTINGS
+    from accordion_repro.models.factory import MODEL_NAMES, SETTINGS as MODEL_SETTINGS
 
     # Names first: other values may be looked up by them (scale maps are keyed by dataset).
     model_name, dataset_name = cfg.model.get("name"), cfg.dataset.get("name")

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from accordion_repro.accordion import SCHEDULES, CriticalRegimeDetector, DetectorSettings
 from accordion_repro.comm import DenseReducer, PowerSGDReducer, TopKReducer
 from accordion_repro.comm.config import SETTINGS as COMPRESSORS
-from accordion_repro.data.settings import SETTINGS as DATASETS
+from accordion_repro.data.registry import SETTINGS as DATASETS
 from accordion_repro.data.synthetic import markov_tokens, synthetic_images
 from accordion_repro.ddp import Accordion
 from accordion_repro.models.cifar.densenet import DenseNet
@@ -28,7 +28,7 @@ from accordion_repro.models.cifar.resnet import ResNet18
 from accordion_repro.models.cifar.senet import SENet18
 from accordion_repro.models.cifar.vgg import VGG19BN
 from accordion_repro.models.lstm import LSTMLanguageModel
-from accordion_repro.models.settings import SETTINGS as MODELS
+from accordion_repro.models.factory import SETTINGS as MODELS
 from accordion_repro.options import defaults_of
 from conftest import compose_cfg
 

@@ -215,7 +215,7 @@ class Schedule:
 
     def make_detector(self) -> CriticalRegimeDetector | None:
         """The detector this schedule expects its flags from (None when it needs none)."""
-        return None
+        return _detector(self) if self.needs_detector else None
 
     def initial_plan(self) -> Plan:
         """The plan for epoch 0 (pure: after a restore, `plan` is the one in force)."""
@@ -280,9 +280,6 @@ class StaticSchedule(Schedule):
     def needs_detector(self) -> bool:
         return self.settings.detect
 
-    def make_detector(self) -> CriticalRegimeDetector | None:
-        return _detector(self) if self.settings.detect else None
-
     def initial_plan(self) -> Plan:
         return Plan(levels=None, global_batch=None, lr_scale=1.0)
 
@@ -321,9 +318,6 @@ class _DetectorDriven(Schedule):
     @property
     def needs_detector(self) -> bool:
         return True
-
-    def make_detector(self) -> CriticalRegimeDetector:
-        return _detector(self)
 
 
 def _levels(settings, critical: list[bool]) -> list:
@@ -395,9 +389,6 @@ class BatchAccordionSchedule(_DetectorDriven):
     @property
     def needs_detector(self) -> bool:
         return self.settings.mode == "detector"
-
-    def make_detector(self) -> CriticalRegimeDetector | None:
-        return super().make_detector() if self.needs_detector else None
 
     def _starts_critical(self) -> bool:
         return self.settings.mode == "detector" or self.settings.switch_epoch > 0

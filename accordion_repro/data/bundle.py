@@ -26,25 +26,9 @@ class DataBundle:
     description: str               # one line for logs: name, sizes, subset
 
 
-def validate_subset(subset) -> None:
-    """Reject a subset value that can never be valid, before any file is read."""
-    if subset is None:
-        return
-    if isinstance(subset, bool) or not isinstance(subset, numbers.Real):
-        raise ConfigError("dataset.subset",
-                          f"{subset!r} is neither null, a fraction in (0, 1] nor a count")
-    if isinstance(subset, numbers.Integral):
-        if subset < 1:
-            raise ConfigError("dataset.subset", f"count {subset} must be at least 1")
-        return
-    if not 0.0 < float(subset) <= 1.0:
-        raise ConfigError("dataset.subset",
-                          f"fraction {subset} must lie in (0, 1]; write a count as an integer")
-
-
 def subset_size(subset, total: int) -> int:
-    """How many training examples (or tokens) a subset value keeps out of `total`."""
-    validate_subset(subset)
+    """How many training examples (or tokens) a subset value (checked by data/settings.py)
+    keeps out of `total`."""
     if subset is None:
         return total
     if isinstance(subset, numbers.Integral):

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import ConfigError
-from ..options import Options, Settings, option
-from .bundle import validate_subset
+from ..options import Options, Settings, is_int, is_real, option
 
 PIPELINES = ("pil", "device")
 
@@ -23,27 +21,26 @@ CIFAR100_STD = (0.2673, 0.2564, 0.2762)
 
 
 def _subset(o: Options, key: str):
-    validate_subset(o.get(key))
-    return o.get(key)
+    """null, a fraction in (0, 1] or a count >= 1; one rule for images and text (bundle.py)."""
+    subset = o.get(key)
+    if subset is None:
+        return None
+    if not is_real(subset):
+        raise o.error(key, f"{subset!r} is neither null, a fraction in (0, 1] nor a count")
+    if is_int(subset) and subset < 1:
+        raise o.error(key, f"count {subset} must be at least 1")
+    if not is_int(subset) and not 0.0 < float(subset) <= 1.0:
+        raise o.error(key, f"fraction {subset} must lie in (0, 1]; write a count as an integer")
+    return subset
 
 
 def _channels(o: Options, key: str) -> tuple[float, float, float]:
-    value = o.get(key)
-    if value is None:  # null: the dataset's own statistics
-        return tuple(o.defaults[key])
-    values = tuple(float(v) for v in value)
+    values = tuple(float(v) for v in o.get(key))
     if len(values) != 3:
         raise o.error(key, f"needs 3 per-channel values, got {len(values)}")
     if key == "std" and min(values) <= 0:
         raise o.error(key, f"every entry must be positive, got {values}")
     return values
-
-
-def _text(o: Options, key: str) -> str | None:
-    value = o.get(key)
-    if value is not None and not isinstance(value, str):
-        raise o.error(key, f"must be a path, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,7 +64,7 @@ class ImageSettings(DataSettings):
 
 @dataclass(frozen=True, kw_only=True)
 class CifarSettings(ImageSettings):
-    root: str = option(_text)  # holds torchvision's python-version folder
+    root: str = option(Options.get)  # holds torchvision's python-version folder
     download: bool = option(Options.flag, default=False)  # torchvision fetches the archive
     verify_checksums: bool = option(Options.flag, default=True)  # md5 of the official files
 
@@ -90,7 +87,7 @@ def _paths(o: Options, key: str) -> tuple[str, ...]:
 class NpzSettings(ImageSettings):
     path: tuple = option(_paths)  # one .npz or a list (conf/dataset/npz.yaml)
     num_classes: int = option(Options.integer, minimum=2, default=10)
-    cache_dir: str | None = option(_text, default=None)  # decoded JPEGs; null: decode_cache's
+    cache_dir: str | None = option(Options.get, default=None)  # decoded JPEGs; null: ~/.cache
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,7 +113,7 @@ class TextSettings(DataSettings):
 
 @dataclass(frozen=True, kw_only=True)
 class WikiTextSettings(TextSettings):
-    root: str = option(_text)
+    root: str = option(Options.get)
     lowercase: bool = option(Options.flag, default=False)  # the official code lower-cased
     # the official "test" perplexity is on the validation split
     eval_split: str = option(Options.choice, ("valid", "test"), default="valid")
@@ -129,19 +126,3 @@ class SyntheticTextSettings(TextSettings):
     eval_tokens: int = option(Options.integer, minimum=2, default=20_000)
     branching: int = option(Options.integer, default=4)  # successors per token
     data_seed: int | None = option(Options.integer, minimum=0, optional=True, default=None)
-
-
-SETTINGS: dict[str, type[DataSettings]] = {
-    "cifar10": CifarSettings, "cifar100": Cifar100Settings, "npz": NpzSettings,
-    "synthetic_cifar10": SyntheticImageSettings, "synthetic_cifar100": SyntheticImage100Settings,
-    "wikitext2": WikiTextSettings, "synthetic_text": SyntheticTextSettings,
-}
-
-
-def dataset_settings(cfg) -> DataSettings:
-    """The `dataset` node, checked: its name, then every option its dataset takes."""
-    name = cfg.get("name", None)
-    if name not in SETTINGS:
-        raise ConfigError("dataset.name",
-                          f"unknown dataset {name!r}; choose one of {', '.join(SETTINGS)}")
-    return SETTINGS[name].from_config(cfg, owner=f"dataset {name!r}")

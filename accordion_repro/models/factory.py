@@ -19,15 +19,19 @@ from .cifar.resnet import ResNet18
 from .cifar.senet import SENet18
 from .cifar.vgg import VGG19BN
 from .lstm import LSTMLanguageModel
-from .settings import SETTINGS
+from .settings import LSTMSettings, SENetSettings, WidthSettings
 
-# name -> (constructor, the size its first argument takes from the dataset)
-MODELS: dict[str, tuple[Callable[..., nn.Module], str]] = {
-    "resnet18": (ResNet18, "num_classes"), "vgg19bn": (VGG19BN, "num_classes"),
-    "senet18": (SENet18, "num_classes"), "densenet": (DenseNet, "num_classes"),
-    "googlenet": (GoogLeNet, "num_classes"), "lstm": (LSTMLanguageModel, "vocab_size"),
+# name -> (constructor, the size its first argument takes from the dataset, its options)
+MODELS: dict[str, tuple[Callable[..., nn.Module], str, type]] = {
+    "resnet18": (ResNet18, "num_classes", WidthSettings),
+    "vgg19bn": (VGG19BN, "num_classes", WidthSettings),
+    "senet18": (SENet18, "num_classes", SENetSettings),
+    "densenet": (DenseNet, "num_classes", WidthSettings),
+    "googlenet": (GoogLeNet, "num_classes", WidthSettings),
+    "lstm": (LSTMLanguageModel, "vocab_size", LSTMSettings),
 }
 MODEL_NAMES: tuple[str, ...] = tuple(MODELS)
+SETTINGS = {name: options for name, (_, _, options) in MODELS.items()}
 
 
 def build_model(name: str, *, num_classes: int | None = None, vocab_size: int | None = None,
@@ -37,8 +41,8 @@ def build_model(name: str, *, num_classes: int | None = None, vocab_size: int | 
     if name not in MODELS:
         raise ConfigError("model.name",
                           f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
-    constructor, size_of = MODELS[name]
-    settings = SETTINGS[name].from_config(options, owner=f"model {name!r}")
+    constructor, size_of, settings = MODELS[name]
+    settings = settings.from_config(options, owner=f"model {name!r}")
     size = num_classes if size_of == "num_classes" else vocab_size
     if size is None:
         kind = "an image dataset (num_classes)" if size_of == "num_classes" else \

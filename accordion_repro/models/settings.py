@@ -37,9 +37,5 @@ class LSTMSettings(Settings):
     dropout: float = option(Options.number, closed="low", high=1.0, default=0.4)
 
 
-SETTINGS: dict[str, type[Settings]] = {
-    "resnet18": WidthSettings, "vgg19bn": WidthSettings, "senet18": SENetSettings,
-    "densenet": WidthSettings, "googlenet": WidthSettings, "lstm": LSTMSettings,
-}
 # The options that scale a model down from the paper's (the analysis names a run that changes one).
 SIZE_OPTIONS = ("width", "stage4_channels", "num_layers", "hidden_size", "embedding_size")
