@@ -109,23 +109,40 @@ def _epoch(o: ScheduleOptions, option: str) -> int:
 
 
 def _windows(o: ScheduleOptions, option: str) -> list[tuple[int, int]]:
-    return _parse_windows(o.get(option), o.context.total_epochs)
+    windows, total_epochs, key = o.get(option), o.context.total_epochs, o.key(option)
+    if isinstance(windows, (str, bytes)) or not isinstance(windows, Sequence):
+        raise ConfigError(key, f"must be a list of [start, end] epoch pairs, got {windows!r}")
+    parsed = []
+    for i, window in enumerate(windows):
+        item_key = f"{key}[{i}]"
+        if isinstance(window, (str, bytes)) or not isinstance(window, Sequence) \
+                or len(window) != 2:
+            raise ConfigError(item_key, f"must be a [start, end] pair, got {window!r}")
+        start = as_epoch(window[0], item_key, total_epochs)
+        end = as_epoch(window[1], item_key, total_epochs)
+        if end <= start:
+            raise ConfigError(item_key, f"covers no epoch: [{start}, {end}) (end is exclusive)")
+        if total_epochs is not None and start >= total_epochs:
+            raise ConfigError(item_key, f"starts at epoch {start}, after the last epoch "
+                                        f"({total_epochs - 1}); give it as a fraction to scale")
+        parsed.append((start, end))
+    return parsed
 
 
 def _level_pair(low_option: str, low, high_option: str, high) -> None:
     """`high` (outside critical regimes) may not send more than `low` (inside them); for both
     kinds a larger number sends more: a higher rank, a larger kept fraction."""
     if high > low:
-        raise ConfigError(f"schedule.{high_option}",
-                          f"{high!r} compresses less than schedule.{low_option} = {low!r}; the "
-                          "high-compression level must send no more than the low one")
+        raise ConfigError(f"schedule.{high_option}", f"{high!r} compresses less than schedule."
+                          f"{low_option} = {low!r}; the high-compression level must send no more "
+                          "than the low one")
 
 
 def _batch_pair(low_option: str, low: int, high_option: str, high: int) -> None:
     if high < low:
-        raise ConfigError(f"schedule.{high_option}",
-                          f"B_high = {high} is smaller than schedule.{low_option} = {low}; the "
-                          "batch outside critical regimes must be at least as large")
+        raise ConfigError(f"schedule.{high_option}", f"B_high = {high} is smaller than schedule."
+                          f"{low_option} = {low}; the batch outside critical regimes must be at "
+                          "least as large")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -467,27 +484,6 @@ class RegimeWindowsSchedule(Schedule):
     def on_epoch_end(self, epoch: int, critical: Sequence[bool] | None) -> Plan:
         self._critical = [self.in_window(epoch + 1)] * self.num_layers
         return self._set(self._plan_for(epoch + 1))
-
-
-def _parse_windows(windows, total_epochs: int | None) -> list[tuple[int, int]]:
-    key = "schedule.windows"
-    if isinstance(windows, (str, bytes)) or not isinstance(windows, Sequence):
-        raise ConfigError(key, f"must be a list of [start, end] epoch pairs, got {windows!r}")
-    parsed = []
-    for i, window in enumerate(windows):
-        item_key = f"{key}[{i}]"
-        if isinstance(window, (str, bytes)) or not isinstance(window, Sequence) \
-                or len(window) != 2:
-            raise ConfigError(item_key, f"must be a [start, end] pair, got {window!r}")
-        start = as_epoch(window[0], item_key, total_epochs)
-        end = as_epoch(window[1], item_key, total_epochs)
-        if end <= start:
-            raise ConfigError(item_key, f"covers no epoch: [{start}, {end}) (end is exclusive)")
-        if total_epochs is not None and start >= total_epochs:
-            raise ConfigError(item_key, f"starts at epoch {start}, after the last epoch "
-                                        f"({total_epochs - 1}); give it as a fraction to scale")
-        parsed.append((start, end))
-    return parsed
 
 
 # ---- the config-facing entry points of accordion/ -------------------------------------------
