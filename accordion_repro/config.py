@@ -54,20 +54,24 @@ def register_resolvers() -> None:
 
 
 def register_defaults() -> None:
-    """Give conf/ the compressors' and schedules' defaults from their settings dataclasses.
+    """Give conf/ the defaults of every package's settings dataclasses.
 
-    A default lives in one place: the dataclass, because compressors and schedules are also
-    used without Hydra. conf/compressor/<name>.yaml and conf/schedule/<name>.yaml start from
+    A default lives in one place: the dataclass, because compressors, schedules, models and
+    datasets are also used without Hydra. conf/<group>/<name>.yaml starts from
     `/_defaults/<group>/<name>` (stored here), so every option can still be overridden on the
-    command line, and hold only what the dataclass does not default (a level, a batch bound)
-    or what conf ties to another key (`seed: ${seed}`, `interval: ${scale.detector_interval}`).
+    command line, and holds only what the dataclass does not default (a level, a batch bound, a
+    file) or what conf ties to another key (`seed: ${seed}`, `root: ${paths.data_dir}`).
+    The trainer's, optimiser's and launcher's settings default nothing: conf/ holds theirs.
     """
     from hydra.core.config_store import ConfigStore
 
     from accordion_repro.accordion import SCHEDULES
+    from accordion_repro.data.registry import SETTINGS as DATASET_SETTINGS
+    from accordion_repro.models.factory import SETTINGS as MODEL_SETTINGS
 
     store = ConfigStore.instance()
-    groups = {"compressor": COMPRESSOR_SETTINGS,
+    groups = {"compressor": COMPRESSOR_SETTINGS, "model": MODEL_SETTINGS,
+              "dataset": DATASET_SETTINGS,
               "schedule": {name: cls.Settings for name, cls in SCHEDULES.items()}}
     for group, settings in groups.items():
         for name, cls in settings.items():
@@ -96,8 +100,8 @@ def validate(cfg: DictConfig) -> None:
     """Raise ConfigError (or DatasetMissingError) for anything that would fail later."""
     from accordion_repro.accordion import SCHEDULES, validate_schedule
     from accordion_repro.comm import validate_compressor
-    from accordion_repro.data import DATASET_NAMES, PIPELINES, check_dataset
-    from accordion_repro.models import MODEL_NAMES
+    from accordion_repro.data import DATASET_NAMES, check_dataset
+    from accordion_repro.models.factory import MODEL_NAMES, SETTINGS as MODEL_SETTINGS
 
     # Names first: other values may be looked up by them (scale maps are keyed by dataset).
     model_name, dataset_name = cfg.model.get("name"), cfg.dataset.get("name")
@@ -125,6 +129,8 @@ def validate(cfg: DictConfig) -> None:
         for warning in caught:
             print(f"warning: {warning.message}", file=sys.stderr)
     DistSettings.from_config(c["dist"])
+    model = dict(c["model"])
+    MODEL_SETTINGS[model.pop("name")].from_config(model, owner=f"model {model_name!r}")
     Options("logger.wandb", c["logger"]["wandb"]).choice("mode", ("offline", "online", "disabled"))
 
     is_text = c["model"]["name"] == "lstm"
@@ -133,8 +139,6 @@ def validate(cfg: DictConfig) -> None:
              f"model {c['model']['name']!r} cannot train on dataset {c['dataset']['name']!r}")
     _require(not (is_text and t.channels_last), "trainer.channels_last",
              "is for convolutional image models; the LSTM has no 4-D tensors to lay out")
-    if not is_text:
-        Options("dataset", c["dataset"]).choice("pipeline", PIPELINES)
 
     comp = dict(c["compressor"])
     comp_name = comp.pop("name")

@@ -24,7 +24,6 @@ single-host run listens on no outside address.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime
 import logging
 import os
@@ -45,6 +44,7 @@ from accordion_repro.engine.settings import DistSettings, TrainerSettings
 from accordion_repro.env import env_rank, env_world_size, local_cuda_device, slurm_env
 from accordion_repro.errors import TrainingDiverged
 from accordion_repro.runlog import read_summary, write_summary
+from accordion_repro.utils import die_with_parent
 
 
 class RankFailed(RuntimeError):
@@ -149,7 +149,7 @@ def _spawned_worker(local_rank: int, cfg: dict, run_dir: str, settings: DistSett
     if settings.master_addr in ("127.0.0.1", "localhost", "::1"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
-    _die_with_parent()
+    die_with_parent()  # a local rank dies with the launching process
     _limit_threads(world_size)
     if local_rank == 0:
         _rank0_logging(Path(run_dir))
@@ -337,9 +337,3 @@ def _root_cause(context, first: int, first_trace: str) -> tuple[int, str]:
         if not any(marker in _cause_line(traces[index]) for marker in _PEER_LOSS):
             return index, traces[index]
     return first, first_trace
-
-
-def _die_with_parent() -> None:
-    """Linux: a local rank gets SIGKILL when the launching process dies, even by SIGKILL."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG

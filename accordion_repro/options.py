@@ -71,9 +71,9 @@ class Options:
         return value
 
     def integer(self, option: str, *, minimum: int = 1, optional: bool = False,
-                what: str = "", default=_NO_DEFAULT) -> int | None:
+                what: str = "") -> int | None:
         """An integer >= minimum; None passes when `optional` (an unset limit)."""
-        value = self.get(option, None if optional else default)
+        value = self.get(option, None if optional else _NO_DEFAULT)
         if value is None and optional:
             return None
         if not is_int(value) or value < minimum:
@@ -82,10 +82,9 @@ class Options:
         return int(value)
 
     def number(self, option: str, *, low: float = 0.0, high: float | None = None,
-               closed: str = "", optional: bool = False, what: str = "",
-               default=_NO_DEFAULT) -> float | None:
+               closed: str = "", optional: bool = False, what: str = "") -> float | None:
         """A number in (low, high): `closed` holds "low" and/or "high" for a closed end."""
-        value = self.get(option, None if optional else default)
+        value = self.get(option, None if optional else _NO_DEFAULT)
         if value is None and optional:
             return None
         ok = is_real(value)

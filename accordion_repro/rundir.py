@@ -33,13 +33,16 @@ from pathlib import Path
 import yaml
 
 from accordion_repro.engine.checkpoint import checkpoint_path, read as read_checkpoint
-from accordion_repro.utils import atomic_write_text, pid_alive
+from accordion_repro.engine.settings import TrainerSettings
+from accordion_repro.utils import atomic_write_text, flatten, pid_alive
 
 MOVABLE = ("resolved.yaml", "metrics.jsonl", "summary.json", "checkpoints", "wandb")
 
 # Keys that say where or how visibly a run happens, not what it computes. A resumed run may
 # change them freely; every other key must match the run already in the directory.
 # `scale.*` only feeds other keys (trainer.epochs, model.width, ...), which are compared.
+# conf/config.yaml's exclude_keys (overrides left out of the directory name) must all be here:
+# tests/test_run_integrity.py checks it.
 IGNORED_PREFIXES = ("logger.", "paths.", "scale.")
 IGNORED_KEYS = {
     "trainer.resume", "trainer.progress", "trainer.stop_after_epoch",
@@ -79,24 +82,13 @@ class RunRecordGap(RuntimeError):
 
 # Keys added after runs were made: a run directory whose config lacks one ran as this value.
 ADDED_KEYS = {"trainer.precision": "fp32", "trainer.channels_last": False, "dataset.pipeline": "pil",
-              "schedule.detect": False}
+              "schedule.detect": False, "model.width": 1.0}
 # A static schedule without `detect` runs no detector: its detector options compute nothing.
 DETECTOR_KEYS = {"schedule.eta", "schedule.interval", "schedule.lr_decay_rule", "schedule.statistic"}
 
 
 def _runs_no_detector(flat: dict) -> bool:
     return flat.get("schedule.name") == "static" and not flat.get("schedule.detect", False)
-
-
-def _flatten(mapping, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in mapping.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{name}."))
-        else:
-            flat[name] = value
-    return flat
 
 
 def _file_names(value) -> list[str]:
@@ -108,7 +100,7 @@ def config_delta(old: dict, new: dict) -> dict[str, list]:
 
     dataset.path may move between machines; only its file names must still agree.
     """
-    a, b = _flatten(old), _flatten(new)
+    a, b = flatten(old), flatten(new)
     inert = DETECTOR_KEYS if _runs_no_detector(a) and _runs_no_detector(b) else set()
     delta = {}
     for key in sorted(set(a) | set(b)):
@@ -145,8 +137,8 @@ def check_existing_run(run_dir: Path, resolved: dict) -> dict[str, list]:
     With trainer.resume=never an existing run is moved aside first (nothing is compared).
     """
     run_dir = Path(run_dir)
-    trainer = resolved["trainer"]
-    if trainer["resume"] == "never":
+    trainer = TrainerSettings.from_config(resolved["trainer"])
+    if trainer.resume == "never":
         moved = move_aside(run_dir)
         if moved is not None:
             print(f"trainer.resume=never: the previous run in {run_dir} was moved to {moved}")
@@ -157,7 +149,7 @@ def check_existing_run(run_dir: Path, resolved: dict) -> dict[str, list]:
     if trained is None:
         return {}
     delta = config_delta(trained, resolved)
-    if delta and not trainer.get("allow_config_change", False):
+    if delta and not trainer.allow_config_change:
         raise ConfigMismatch(
             f"{run_dir} holds a run with a different config ({_shown(delta)}). Rerun with the "
             f"run's own config to resume it, trainer.resume=never to move it aside and start "

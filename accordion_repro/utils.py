@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import signal
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -49,3 +52,26 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def die_with_parent(sig: int = signal.SIGKILL, parent_pid: int | None = None) -> None:
+    """In a child (a preexec_fn, or first thing in a spawned rank), Linux only: the child gets
+    `sig` when its parent dies, even by SIGKILL, so no rank or daemon outlives its starter.
+    With `parent_pid`, a child whose parent died before the request took effect exits now."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"model": {"name": "resnet18"}} -> {"model.name": "resnet18"}; lists stay values. The
+    run directory check and the analysis name a config's keys alike."""
+    flat: dict[str, Any] = {}
+    for key, value in mapping.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, prefix=f"{name}."))
+        else:
+            flat[name] = value
+    return flat

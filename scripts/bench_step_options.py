@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from accordion_repro.data import DeviceImages
-from accordion_repro.data.images import CIFAR10_MEAN, CIFAR10_STD, ArrayImageDataset, transforms_from_config
+from accordion_repro.data.images import ArrayImageDataset, image_transforms
+from accordion_repro.data.settings import ImageSettings
 from accordion_repro.engine.precision import autocast
 from accordion_repro.models import build_model
 
@@ -61,7 +62,7 @@ def _stepper(model, precision: str, channels_last: bool):
 
 def _images(count: int) -> ArrayImageDataset:
     rng = np.random.default_rng(0)
-    train, _ = transforms_from_config({"augment": True}, CIFAR10_MEAN, CIFAR10_STD)
+    train, _ = image_transforms(ImageSettings(name="random", augment=True))
     return ArrayImageDataset(rng.integers(0, 256, (count, 32, 32, 3), dtype=np.uint8),
                              rng.integers(0, 10, count), train)
 

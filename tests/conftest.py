@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 import accordion_repro.config  # noqa: F401  (registers the conf/ resolvers)
+from accordion_repro.utils import die_with_parent
 
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
@@ -151,17 +153,6 @@ def _proc_paths(pid: int) -> list[str]:
         except OSError:
             pass
     return paths
-
-
-def _die_with_pytest() -> None:
-    """preexec_fn: a daemon gets SIGTERM if the test process dies without stopping it."""
-    import ctypes
-    import signal as _signal
-
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, _signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 class SlurmCluster:
@@ -312,7 +303,8 @@ PartitionName={self.PARTITION} Nodes={self.NODE} Default=YES MaxTime=INFINITE St
             self.procs[name] = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**self.env, "ACCORDION_TEST_SLURM": str(self.dir)}, cwd=self.dir,
-                start_new_session=True, preexec_fn=_die_with_pytest)
+                start_new_session=True,
+                preexec_fn=lambda: die_with_parent(signal.SIGTERM))  # dies with pytest
         finally:
             log.close()
 

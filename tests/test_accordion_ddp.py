@@ -99,6 +99,7 @@ def _trainer_path_worker(rank, example_file):
             "averaged": averaged_reports}
 
 
+@pytest.mark.slow
 @distributed
 def test_readme_example_runs_under_torchrun_and_its_detector_sees_local_gradients(tmp_path,
                                                                                 monkeypatch):
@@ -195,6 +196,7 @@ def _accordion_vs_trainer_worker(rank):
     return results
 
 
+@pytest.mark.slow
 @distributed
 def test_accordion_updates_the_parameters_as_the_trainers_reducer_path(tmp_path):
     r0, r1 = run_workers(_accordion_vs_trainer_worker, tmp_path, timeout=120)
@@ -281,6 +283,7 @@ def _async_worker(rank):
     return results
 
 
+@pytest.mark.slow
 @distributed
 def test_async_hook_equals_sync_hook_and_a_level_mismatch_stops_in_one_line(tmp_path):
     r0, r1 = run_workers(_async_worker, tmp_path, timeout=150)
@@ -323,6 +326,7 @@ def _precision_worker(rank):
     return results
 
 
+@pytest.mark.slow
 @distributed
 def test_bf16_and_fp16_gradients_train_like_fp32(tmp_path):
     r0, r1 = run_workers(_precision_worker, tmp_path, timeout=120)
@@ -390,6 +394,7 @@ def _resume_worker(rank):
     return results
 
 
+@pytest.mark.slow
 @distributed
 def test_a_saved_accordion_state_resumes_bit_for_bit(tmp_path):
     for result in run_workers(_resume_worker, tmp_path, timeout=120):
@@ -519,6 +524,7 @@ def _misuse_worker(rank):
     return out
 
 
+@pytest.mark.slow
 @distributed
 def test_topk_above_break_even_warns_once_and_end_epoch_on_one_rank_stops_both(tmp_path):
     r0, r1 = run_workers(_misuse_worker, tmp_path, timeout=120)

@@ -20,6 +20,7 @@ TINY = ["model=resnet18", "model.width=0.125", "dataset=synthetic_cifar10", "dat
         "trainer.max_eval_steps=1", "optim.warmup_epochs=0", "optim.decay_at=[]"]
 
 
+@pytest.mark.slow
 def test_accordion_moves_layers_to_high_and_back_to_low_at_the_decay(tmp_path):
     run_dir = train([*TINY, "trainer.epochs=6", "compressor=powersgd", "compressor.rank=2",
                      "schedule=accordion", "schedule.low=2", "schedule.high=1", "schedule.interval=2",
@@ -39,6 +40,7 @@ def test_accordion_moves_layers_to_high_and_back_to_low_at_the_decay(tmp_path):
     assert metrics[3]["floats_sent"] / metrics[3]["steps"] < metrics[2]["floats_sent"] / metrics[2]["steps"]
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_batch_accordion_switches_batch_and_lr_at_the_logged_epoch(tmp_path):
     run_dir = train([*TINY, "dist.nproc_per_node=2", "trainer.batch_size=8", "trainer.epochs=4",
@@ -51,6 +53,7 @@ def test_batch_accordion_switches_batch_and_lr_at_the_logged_epoch(tmp_path):
     assert metrics[2]["floats_sent"] == metrics[1]["floats_sent"] / 4  # fewer steps, fewer floats
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_joint_schedule_drives_levels_and_batch_from_one_detector(tmp_path):
     run_dir = train([*TINY, "dist.nproc_per_node=2", "trainer.batch_size=8", "trainer.epochs=4",
@@ -86,6 +89,7 @@ def _decide(rank: int, port: int, out) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_every_rank_applies_rank0_decision_when_local_gradients_differ():
     ctx = mp.get_context("spawn")

@@ -497,6 +497,7 @@ def test_paper_figures_state_scale_data_width_and_stand_ins(tmp_path):
     assert "models at paper size data: synthetic_cifar10; 5 epochs" in title
 
 
+@pytest.mark.slow
 def test_new_figure_elements_rebuild_byte_identical(tmp_path):
     _figure_runs(tmp_path / "runs")
     write_run(tmp_path / "runs", "fig2/trace", table=None, figure="fig2", method="accordion",
@@ -607,6 +608,7 @@ def test_table5_shows_table1_dense_run_as_its_b_low_row_and_says_so(tmp_path):
     assert "70.25" in text and "71.50" not in text and "TWINS" not in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("own", sorted(TWINS))
 @pytest.mark.parametrize("scale", ["paper", "cpu", "cpu_full"])
 def test_a_cell_and_its_twin_are_one_configuration(own, scale):

@@ -128,6 +128,7 @@ def _reducers_worker(rank):
     return result
 
 
+@pytest.mark.slow
 def test_reducers_on_two_gloo_ranks(tmp_path):
     r0, r1 = run_workers(_reducers_worker, tmp_path)
     average = dense_average()
@@ -231,6 +232,7 @@ def _hook_worker(rank):
             for name, opts in (("powersgd", {"rank": 2}), ("topk", {"ratio": 0.2}))}
 
 
+@pytest.mark.slow
 def test_ddp_hook_trains_like_the_reducer(tmp_path):
     r0, r1 = run_workers(_hook_worker, tmp_path, timeout=120)
     for name in ("powersgd", "topk"):

@@ -244,6 +244,7 @@ def _load_in_fresh_process(path: Path, cache_dir: Path) -> str:
     return done.stderr
 
 
+@pytest.mark.slow
 def test_jpeg_npz_is_decoded_once_and_later_processes_read_the_cache(tmp_path):
     from accordion_repro.data import decode_cache
     write_npz_pair(tmp_path)
@@ -262,6 +263,7 @@ def test_jpeg_npz_is_decoded_once_and_later_processes_read_the_cache(tmp_path):
         assert str(cached["_source_sha256"]) == decode_cache.file_digest(tmp_path / "jpeg.npz")
 
 
+@pytest.mark.slow
 def test_a_changed_source_file_never_reads_the_stale_cache(tmp_path):
     raw, jpeg, _, _ = write_npz_pair(tmp_path)
     cache = tmp_path / "cache"
@@ -274,6 +276,7 @@ def test_a_changed_source_file_never_reads_the_stale_cache(tmp_path):
     assert bundle.train.targets == [1, 1, 1, 1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "other_source"])
 def test_a_damaged_cache_entry_is_decoded_again_not_used(tmp_path, damage):
     write_npz_pair(tmp_path)
@@ -324,6 +327,7 @@ def test_cifar10_jpeg_preset_missing_file_is_one_line(tmp_path):
 FULL_JPEG = SHARED / "cifar10-jpeg-full" / "cifar10_jpeg_50k_10k.npz"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not FULL_JPEG.exists(), reason=f"{FULL_JPEG} not present")
 def test_whole_cifar10_jpeg_gives_50000_train_and_10000_test():
     bundle = build_data({"name": "npz", "path": str(FULL_JPEG)}, seed=0)
@@ -332,6 +336,7 @@ def test_whole_cifar10_jpeg_gives_50000_train_and_10000_test():
     assert "cifar10_jpeg_50k_10k.npz" in bundle.description
 
 
+@pytest.mark.slow
 @needs_shared
 def test_shared_npz_pair_gives_14000_train_and_the_full_test_set():
     bundle = build_data({"name": "npz", "path": [str(LOSSLESS), str(JPEG)]}, seed=0)
@@ -540,14 +545,13 @@ def test_image_loader_batches_the_rank_shard():
 
 # ---------------------------------------------------------------- conf/dataset/*.yaml
 def _dataset_config(name: str, data_dir: str):
-    node = OmegaConf.load(REPO / "conf" / "dataset" / f"{name}.yaml")
-    root = OmegaConf.create({"paths": {"data_dir": data_dir}, "dataset": node})
-    return root.dataset
+    """conf/dataset/<name>.yaml as composed: the settings dataclass's defaults under the file."""
+    return compose_cfg([f"dataset={name}", f"paths.data_dir={data_dir}"]).dataset
 
 
 @pytest.mark.parametrize("name", DATASET_NAMES)
 def test_every_dataset_has_a_config_whose_name_comes_first(name):
-    node = OmegaConf.load(REPO / "conf" / "dataset" / f"{name}.yaml")
+    node = _dataset_config(name, "/data")
     assert next(iter(node)) == "name" and node.name == name
 
 

@@ -9,7 +9,8 @@ import torch
 from PIL import Image
 
 from accordion_repro.data import DeviceImages, epoch_sampler, image_loader
-from accordion_repro.data.images import CIFAR10_MEAN, CIFAR10_STD, ArrayImageDataset, transforms_from_config
+from accordion_repro.data.images import ArrayImageDataset, image_transforms
+from accordion_repro.data.settings import CIFAR10_MEAN, CIFAR10_STD, ImageSettings
 from accordion_repro.errors import ConfigError
 
 SAMPLES = 4000
@@ -22,8 +23,8 @@ def _coordinate_image() -> np.ndarray:
 
 
 def _official(augment=True, rotation=0.0):
-    return transforms_from_config({"augment": augment, "rotation_degrees": rotation},
-                                  CIFAR10_MEAN, CIFAR10_STD)
+    return image_transforms(ImageSettings(name="pixels", augment=augment,
+                                          rotation_degrees=rotation))
 
 
 def _pixels(x: torch.Tensor) -> torch.Tensor:

@@ -35,15 +35,20 @@ BAD = [
     ("trainer", "num_workers", "many", "must be an integer >= 0, got 'many'"),
     ("trainer", "resume", "maybe", "must be one of auto, never; got 'maybe'"),
     ("trainer", "allow_config_change", "yes", "must be true or false, got 'yes'"),
+    ("trainer", "checkpoint", "maybe", "must be true or false, got 'maybe'"),
+    ("trainer", "deterministic", 1, "must be true or false, got 1"),
     ("optim", "name", "adam", "must be one of sgd, lstm_momentum; got 'adam'"),
     ("optim", "lr", 0, "must be a number > 0, got 0"),
     ("optim", "momentum", 1.0, "must be a number in [0, 1), got 1.0"),
     ("optim", "decay_factor", 0, "must be a number in (0, 1], got 0"),
     ("optim", "clip_grad_norm", -1.0, "must be a number > 0, got -1.0"),
     ("optim", "clip_point", "before", "must be one of local, averaged; got 'before'"),
+    ("optim", "nesterov", "sometimes", "must be true or false, got 'sometimes'"),
+    ("optim", "official_off_by_one", "no", "must be true or false, got 'no'"),
     ("dist", "nproc_per_node", 0, "must be an integer >= 1, got 0"),
     ("dist", "backend", "mpi", "must be one of auto, gloo, nccl; got 'mpi'"),
     ("dist", "launcher", "ssh", "must be one of auto, spawn, env; got 'ssh'"),
+    ("dist", "timeout_s", -5, "must be an integer >= 1, got -5"),
 ]
 
 

@@ -50,6 +50,7 @@ def _rows(path: Path) -> list[dict]:
     return list(csv.DictReader(io.StringIO(path.read_text())))
 
 
+@pytest.mark.slow
 def test_every_table_and_figure_is_built_from_trainer_runs(runs, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -63,6 +63,7 @@ def this_machine() -> dict:
     return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_two_rank_metrics_are_unchanged_by_refactors(tmp_path, case):

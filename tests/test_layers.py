@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_importing_config_imports_no_engine_module():
     code = ("import sys, json, accordion_repro.config; "
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('accordion_repro'))))")

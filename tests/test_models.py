@@ -144,6 +144,7 @@ def sgd_step_changes_every_parameter(model, loss_fn):
         assert not torch.equal(param.detach(), old), f"{name} did not change"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", IMAGE_MODELS)
 def test_one_training_step_of_each_image_model(name):
     torch.manual_seed(0)

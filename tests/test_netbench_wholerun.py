@@ -98,6 +98,7 @@ def test_step_comm_time_splits_all_gathers_from_all_reduces():
         Network(1e9, 0.0, allgather_rate=0.0)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(MISSING is not None, reason=f"netns tests: {MISSING}")
 def test_cost_model_predicts_the_shaped_links_all_reduce_and_all_gather(tmp_path):
     """Calibrated as the benchmark does (the all-gather at two sizes, 0.25 and 4 MB here), the

@@ -68,6 +68,7 @@ def test_missing_requirement_is_one_line_or_none():
 # ---------------------------------------------------------------- root, ip and tc
 
 
+@pytest.mark.slow
 @needs_root_tc
 def test_pair_is_created_isolated_and_torn_down():
     before = host_links()
@@ -85,6 +86,7 @@ def test_pair_is_created_isolated_and_torn_down():
     assert host_links() == before
 
 
+@pytest.mark.slow
 @needs_root_tc
 def test_cleanup_removes_only_leftovers_of_dead_owners():
     dead = subprocess.Popen(["true"])
@@ -129,6 +131,7 @@ def _wait_gone(pid: int, timeout_s: float = 5.0) -> bool:
     return False
 
 
+@pytest.mark.slow
 @needs_root_tc
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_to_parent_tears_everything_down(sig):
@@ -144,6 +147,7 @@ def test_signal_to_parent_tears_everything_down(sig):
             netns.delete_namespace(name)
 
 
+@pytest.mark.slow
 @needs_root_tc
 def test_sigkilled_parent_takes_its_ranks_and_next_start_cleans_up():
     parent, names, child = _start_parent()

@@ -1,10 +1,11 @@
-"""Every option of every compressor and schedule has exactly one default.
+"""Every option of every compressor, schedule, model and dataset has exactly one default.
 
 The default lives in the settings dataclass (comm/config.py, accordion/schedules.py,
-accordion/detector.py); conf/ reaches it through `_defaults/<group>/<name>` (config.py
-register_defaults) and may set only options the dataclass leaves without a default (a level,
-a batch bound) or tie one to another key (`${seed}`, `${scale.detector_interval}`). No other
-code path (a reducer's or the detector's constructor, the DDP API) holds a default of its own.
+accordion/detector.py, models/settings.py, data/settings.py); conf/ reaches it through
+`_defaults/<group>/<name>` (config.py register_defaults) and may set only options the dataclass
+leaves without a default (a level, a batch bound, a file) or tie one to another key (`${seed}`,
+`${scale.detector_interval}`, `${paths.data_dir}`). No other code path (a reducer's, the
+detector's or a model's constructor, a data generator, the DDP API) holds a default of its own.
 """
 
 from __future__ import annotations
@@ -18,13 +19,42 @@ from omegaconf import OmegaConf
 from accordion_repro.accordion import SCHEDULES, CriticalRegimeDetector, DetectorSettings
 from accordion_repro.comm import DenseReducer, PowerSGDReducer, TopKReducer
 from accordion_repro.comm.config import SETTINGS as COMPRESSORS
+from accordion_repro.data.registry import SETTINGS as DATASETS
+from accordion_repro.data.synthetic import markov_tokens, synthetic_images
 from accordion_repro.ddp import Accordion
+from accordion_repro.models.cifar.densenet import DenseNet
+from accordion_repro.models.cifar.googlenet import GoogLeNet
+from accordion_repro.models.cifar.resnet import ResNet18
+from accordion_repro.models.cifar.senet import SENet18
+from accordion_repro.models.cifar.vgg import VGG19BN
+from accordion_repro.models.lstm import LSTMLanguageModel
+from accordion_repro.models.factory import SETTINGS as MODELS
 from accordion_repro.options import defaults_of
 from conftest import compose_cfg
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 CASES = [("compressor", name, cls) for name, cls in COMPRESSORS.items()] + \
-        [("schedule", name, cls.Settings) for name, cls in SCHEDULES.items()]
+        [("schedule", name, cls.Settings) for name, cls in SCHEDULES.items()] + \
+        [("model", name, cls) for name, cls in MODELS.items()] + \
+        [("dataset", name, cls) for name, cls in DATASETS.items()]
+
+
+def _raw(group: str, name: str) -> dict:
+    """conf/<group>/<name>.yaml as written, without its defaults list."""
+    raw = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{name}.yaml"))
+    raw.pop("defaults", None)
+    return raw
+
+
+def _override(value) -> str:
+    """A default as the command line spells it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return "[" + ",".join(map(str, value)) + "]"
+    return str(value)
 
 
 def _ties_to_another_key(value) -> bool:
@@ -33,7 +63,7 @@ def _ties_to_another_key(value) -> bool:
 
 @pytest.mark.parametrize("group, name, settings", CASES, ids=[f"{g}={n}" for g, n, _ in CASES])
 def test_conf_sets_no_option_the_dataclass_defaults(group, name, settings):
-    raw = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{name}.yaml"))
+    raw = _raw(group, name)
     assert raw.pop("name") == name
     defaulted = defaults_of(settings)
     repeated = [key for key, value in raw.items()
@@ -41,28 +71,31 @@ def test_conf_sets_no_option_the_dataclass_defaults(group, name, settings):
     assert not repeated, f"conf/{group}/{name}.yaml repeats the dataclass default of {repeated}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("group, name, settings", CASES, ids=[f"{g}={n}" for g, n, _ in CASES])
 def test_every_option_reaches_conf_with_the_dataclass_default(group, name, settings):
-    cfg = compose_cfg([f"{group}={name}", "dataset=synthetic_cifar10"])
-    node = OmegaConf.to_container(cfg[group])
-    raw = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{name}.yaml"))
-    options = [f for f in inspect.signature(settings).parameters]
+    chosen = [f"{group}={name}"] + (["dataset=synthetic_cifar10"] if group != "dataset" else [])
+    node = OmegaConf.to_container(compose_cfg(chosen)[group])
+    raw = _raw(group, name)
+    options = [f for f in inspect.signature(settings).parameters if f != "name"]
     assert list(node)[0] == "name" and sorted(node) == sorted(["name", *options])
     for option, default in defaults_of(settings).items():
+        expected = list(default) if isinstance(default, tuple) else default
         if option not in raw:
-            assert node[option] == default, option
+            assert node[option] == expected, option
         # every defaulted option can be overridden on the command line as it stands
-        overridden = compose_cfg([f"{group}={name}", "dataset=synthetic_cifar10",
-                                  f"{group}.{option}={str(default).lower() if isinstance(default, bool) else default}"])
-        assert overridden[group][option] == default
+        overridden = compose_cfg([*chosen, f"{group}.{option}={_override(default)}"])
+        assert OmegaConf.to_container(overridden[group])[option] == expected
 
 
 @pytest.mark.parametrize("code", [PowerSGDReducer, TopKReducer, DenseReducer,
-                                  CriticalRegimeDetector, Accordion],
+                                  CriticalRegimeDetector, Accordion, ResNet18, VGG19BN, SENet18,
+                                  DenseNet, GoogLeNet, LSTMLanguageModel, synthetic_images,
+                                  markov_tokens],
                          ids=lambda c: c.__name__)
 def test_no_constructor_holds_an_option_default_of_its_own(code):
     options = set()
-    for settings in [*COMPRESSORS.values(), DetectorSettings]:
+    for settings in [*COMPRESSORS.values(), DetectorSettings, *MODELS.values(), *DATASETS.values()]:
         options |= set(inspect.signature(settings).parameters)
     own = [name for name, p in inspect.signature(code).parameters.items()
            if name in options and p.default is not inspect.Parameter.empty]

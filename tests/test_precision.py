@@ -51,6 +51,7 @@ def test_an_fp16_overflow_skips_the_step_and_halves_the_scale(tmp_path, monkeypa
     assert metrics[0]["loss_scale"] == 2.0 ** 96 and metrics[0]["floats_sent"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_channels_last_gives_the_same_training_on_two_ranks(tmp_path):
     two = ["dist.nproc_per_node=2"]

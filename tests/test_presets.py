@@ -114,6 +114,7 @@ def test_every_compression_table_has_a_dense_baseline():
                 assert f"{table.id}/{model}_{section.family}_dense" in PRESETS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
 def test_preset_fills_its_cell(preset):
     """run.* and the model, dataset, compressor and levels are those of the layout's cell."""
@@ -215,6 +216,7 @@ def test_figure_presets_use_the_paper_levels_and_windows():
     assert preset_levels(composed("fig10/resnet18_static_high", "paper")) == (16384, 16384)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("scale", ["paper", "cpu"])
 def test_preset_validates_and_builds_its_model_reducer_and_schedule(preset, scale, tmp_path):
@@ -272,6 +274,7 @@ def test_cpu_scale_shrinks_the_same_experiment(preset):
         assert cpu["model"]["hidden_size"] == cpu["model"]["embedding_size"] < 650
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scale", ["paper", "cpu", "cpu_full", "cpu_long"])
 @pytest.mark.parametrize("dataset", DATASET_NAMES)
 def test_scale_maps_cover_every_dataset(scale, dataset):

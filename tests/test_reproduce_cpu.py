@@ -14,6 +14,7 @@ def _script():
     return load_script("reproduce_cpu")
 
 
+@pytest.mark.slow
 def test_every_reproduction_run_is_a_preset_that_composes_at_cpu_scale(tmp_path):
     script = _script()
     for preset in script.CIFAR_PRESETS + script.LSTM_PRESETS + [script.TRACE_PRESET]:

@@ -56,6 +56,7 @@ def finished_run(tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_rerun_with_a_changed_config_is_refused_naming_the_keys(finished_run, tmp_path):
     before = files_snapshot(finished_run)
     out = cli(finished_run, "trainer.epochs=2", "compressor.rank=4", "schedule.eta=0.3")
@@ -67,6 +68,7 @@ def test_rerun_with_a_changed_config_is_refused_naming_the_keys(finished_run, tm
     assert files_snapshot(finished_run) == before  # resolved.yaml not rewritten, nothing touched
 
 
+@pytest.mark.slow
 def test_resume_never_moves_the_old_run_aside_and_starts_afresh(finished_run, tmp_path):
     run_dir = _copy(finished_run, tmp_path)
     old_metrics = (run_dir / "metrics.jsonl").read_text()
@@ -80,6 +82,7 @@ def test_resume_never_moves_the_old_run_aside_and_starts_afresh(finished_run, tm
     assert complete == [run_dir]  # the analysis never reads the moved-aside run
 
 
+@pytest.mark.slow
 def test_allow_config_change_continues_and_records_the_change_per_epoch(tmp_path):
     run_dir = tmp_path / "run"
     assert cli(run_dir, "trainer.epochs=3", "trainer.stop_after_epoch=0").returncode == 0
@@ -94,6 +97,7 @@ def test_allow_config_change_continues_and_records_the_change_per_epoch(tmp_path
 
 
 # ---- one run per directory ------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_second_run_on_a_directory_in_use_stops_at_once(tmp_path):
     run_dir = tmp_path / "run"
     first = popen(run_dir, "trainer.epochs=50", "trainer.max_steps_per_epoch=4")
@@ -112,6 +116,7 @@ def test_a_second_run_on_a_directory_in_use_stops_at_once(tmp_path):
     assert len(lines) == len(set(lines))  # no epoch logged twice
 
 
+@pytest.mark.slow
 def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -125,6 +130,7 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
 
 
 # ---- crash-safe metrics, honest status --------------------------------------------------------
+@pytest.mark.slow
 def test_a_torn_last_metrics_line_does_not_block_resume(finished_run, stopped_run, tmp_path):
     run_dir = _copy(stopped_run, tmp_path)
     with (run_dir / "metrics.jsonl").open("a") as f:
@@ -134,6 +140,7 @@ def test_a_torn_last_metrics_line_does_not_block_resume(finished_run, stopped_ru
     assert without_timing(read_metrics(run_dir)) == without_timing(read_metrics(finished_run))
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_sigterm_stops_cleanly_as_stopped_and_the_resume_matches_an_uninterrupted_run(tmp_path):
     overrides = ["trainer.epochs=2", "dist.nproc_per_node=2", "dataset.train_size=2048",
@@ -162,6 +169,7 @@ def test_sigterm_stops_cleanly_as_stopped_and_the_resume_matches_an_uninterrupte
     assert [m["epoch"] for m in read_metrics(run_dir)] == [0, 1]
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_a_failed_rank_leaves_status_failed_with_its_rank_and_cause(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
@@ -174,6 +182,7 @@ def test_a_failed_rank_leaves_status_failed_with_its_rank_and_cause(tmp_path, mo
     assert "rank " in summary["error"] and "training diverged at epoch 0 step" in summary["error"]
 
 
+@pytest.mark.slow
 def test_a_diverging_run_stops_within_one_epoch_and_is_never_a_result(tmp_path):
     run_dir = tmp_path / "runs" / "nan"
     out = cli(run_dir, "trainer.epochs=3", "optim.lr=1e30", "optim.warmup_epochs=0", base=DENSE)
@@ -216,6 +225,7 @@ def _copy(run_dir: Path, tmp_path: Path) -> Path:
     return tmp_path / "run"
 
 
+@pytest.mark.slow
 def test_a_crafted_checkpoint_executes_nothing(stopped_run, tmp_path):
     run_dir = _copy(stopped_run, tmp_path)
     marker = tmp_path / "pwned"
@@ -237,6 +247,7 @@ def test_a_crafted_checkpoint_executes_nothing(stopped_run, tmp_path):
     assert files_snapshot(run_dir) == before
 
 
+@pytest.mark.slow
 def test_a_truncated_checkpoint_stops_with_one_line_and_touches_nothing(stopped_run, tmp_path):
     run_dir = _copy(stopped_run, tmp_path)
     ckpt = run_dir / "checkpoints" / "last.pt"
@@ -257,6 +268,7 @@ def _npz_cli(run_dir: Path, path: Path, *extra: str):
                base=[])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "wrong_shape"])
 def test_bad_npz_contents_are_refused_before_any_rank_starts(tmp_path, damage):
     path = tmp_path / "data.npz"
@@ -277,6 +289,7 @@ def test_bad_npz_contents_are_refused_before_any_rank_starts(tmp_path, damage):
     assert not (tmp_path / "run" / "resolved.yaml").exists()
 
 
+@pytest.mark.slow
 def test_empty_wikitext_files_name_the_file_not_a_missing_key(tmp_path):
     root = tmp_path / "wikitext-2"
     root.mkdir()
@@ -311,6 +324,7 @@ def _listening_addresses(pids: list[int]) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_a_local_two_rank_run_listens_only_on_loopback(tmp_path):
     run_dir = tmp_path / "run"
@@ -331,6 +345,7 @@ def test_a_local_two_rank_run_listens_only_on_loopback(tmp_path):
 
 
 # ---- sweeps, logging --------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_sweep_with_one_bad_value_names_that_job_and_runs_the_others(tmp_path):
     out = subprocess.run([sys.executable, "-m", "accordion_repro.train", "-m", *TINY,
                           "trainer.epochs=1", "compressor.rank=2,0", f"hydra.sweep.dir={tmp_path}",
@@ -343,6 +358,7 @@ def test_a_sweep_with_one_bad_value_names_that_job_and_runs_the_others(tmp_path)
     assert len(good) == 1 and json.loads(good[0].read_text())["status"] == "completed"
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_epoch_lines_go_to_the_job_log_and_the_run_directory_is_printed_once(tmp_path):
     run_dir = tmp_path / "run"
@@ -372,6 +388,7 @@ def _drop_first_line(path: Path) -> None:
     path.write_text("".join(path.read_text().splitlines(keepends=True)[1:]))  # epoch 0 missing
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", [_tear_last_line, _drop_first_line], ids=["torn_last", "missing_middle"])
 def test_a_gap_in_metrics_is_rebuilt_from_the_checkpoint_and_named(three_epoch_runs, tmp_path, damage):
     whole, stopped = three_epoch_runs
@@ -401,6 +418,7 @@ def _as_older_version(ckpt: Path) -> None:
     ckpt.write_bytes(checkpoint.sealed(buffer.getvalue()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", [_tear_last_line, _drop_first_line], ids=["torn_last", "missing_middle"])
 def test_a_gap_that_cannot_be_rebuilt_is_refused_naming_the_epochs(three_epoch_runs, tmp_path, damage):
     _, stopped = three_epoch_runs
@@ -429,6 +447,7 @@ CHANGES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(CHANGES))
 def test_an_allowed_config_change_takes_effect_from_the_first_resumed_epoch(
         finished_run, stopped_run, tmp_path, family):
@@ -442,6 +461,7 @@ def test_an_allowed_config_change_takes_effect_from_the_first_resumed_epoch(
     assert set(changed[1]["config_change"]) == {c.split("=")[0] for c in changes}
 
 
+@pytest.mark.slow
 def test_a_config_change_the_checkpoint_cannot_take_is_refused_naming_the_key(stopped_run, tmp_path):
     run_dir = _copy(stopped_run, tmp_path)
     before = files_snapshot(run_dir)
@@ -454,6 +474,7 @@ def test_a_config_change_the_checkpoint_cannot_take_is_refused_naming_the_key(st
     assert files_snapshot(run_dir) == before
 
 
+@pytest.mark.slow
 def test_a_deleted_resolved_yaml_is_restored_from_the_checkpoint_and_still_guards(stopped_run, tmp_path):
     run_dir = _copy(stopped_run, tmp_path)
     original = (run_dir / "resolved.yaml").read_text()
@@ -467,6 +488,7 @@ def test_a_deleted_resolved_yaml_is_restored_from_the_checkpoint_and_still_guard
     assert cli(run_dir, "trainer.epochs=2").returncode == 0
 
 
+@pytest.mark.slow
 def test_run_files_without_any_config_are_refused(finished_run, tmp_path):
     run_dir = _copy(finished_run, tmp_path)  # completed: its checkpoint holds the config
     shutil.rmtree(run_dir / "checkpoints")
@@ -477,6 +499,7 @@ def test_run_files_without_any_config_are_refused(finished_run, tmp_path):
     assert len(error) == 1 and "no resolved.yaml" in error[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fill", [b"\0", b"\xff"], ids=["zeros", "ones"])
 def test_a_checkpoint_damaged_inside_its_data_is_refused_naming_the_file(stopped_run, tmp_path, fill):
     run_dir = _copy(stopped_run, tmp_path)
@@ -494,6 +517,7 @@ def test_a_checkpoint_damaged_inside_its_data_is_refused_naming_the_file(stopped
 
 
 # ---- the demo's console (issue 26) -------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_the_demo_prints_no_warning_an_epoch_line_each_and_a_summary(tmp_path):
     """`make demo`'s own command (read from the Makefile), one step per epoch, a narrower model."""
@@ -521,6 +545,7 @@ def _error_lines(out: subprocess.CompletedProcess) -> list[str]:
     return [l for l in out.stderr.splitlines() if l.startswith("error:")]
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_a_second_sigterm_ends_the_run_as_stopped_and_resumable(tmp_path):
     run_dir = tmp_path / "run"
@@ -547,6 +572,7 @@ def test_a_second_sigterm_ends_the_run_as_stopped_and_resumable(tmp_path):
     assert [m["epoch"] for m in read_metrics(run_dir)] == [0, 1]
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_a_diverged_two_rank_run_prints_one_line(tmp_path):
     run_dir = tmp_path / "run"
@@ -582,6 +608,7 @@ def small_mount(tmp_path):
         subprocess.run(["umount", "-l", str(target)], check=False)
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_a_full_disk_names_no_space_from_the_rank_that_hit_it(tmp_path, small_mount):
     run_dir = small_mount("size=192k") / "run"
@@ -593,6 +620,7 @@ def test_a_full_disk_names_no_space_from_the_rank_that_hit_it(tmp_path, small_mo
     assert read_summary(run_dir)["status"] == "failed"
 
 
+@pytest.mark.slow
 def test_a_read_only_run_directory_is_refused_in_one_line_before_anything_starts(small_mount):
     run_dir = small_mount("ro,size=64k") / "run"
     out = cli(run_dir, "trainer.epochs=1")
@@ -619,3 +647,29 @@ def test_detector_options_of_a_static_run_matter_only_when_it_detects(case):
     else:
         assert set(delta) == {"schedule.detect", "schedule.eta", "schedule.interval",
                               "schedule.lr_decay_rule", "schedule.statistic"}
+
+
+# Keys named by the run directory itself (seed<seed>, <scale.name>/<run.name>/; an experiment
+# sets run.name) or that are no config key (a Hydra group of Hydra's own).
+_IN_THE_PATH = {"seed", "run.name", "experiment", "scale", "hydra/launcher"}
+
+
+def test_every_override_the_directory_name_leaves_out_is_ignored_on_resume():
+    """Two jobs that differ only in an override conf/config.yaml's exclude_keys leaves out of
+    the directory name share one directory, so rundir must let the second resume the first."""
+    import yaml
+
+    from accordion_repro.rundir import config_delta
+
+    config = yaml.safe_load((REPO / "conf" / "config.yaml").read_text())
+    excluded = set(config["hydra"]["job"]["config"]["override_dirname"]["exclude_keys"])
+    assert _IN_THE_PATH <= excluded
+
+    def nested(key: str, value) -> dict:
+        for part in reversed(key.split(".")):
+            value = {part: value}
+        return value
+
+    compared = [key for key in sorted(excluded - _IN_THE_PATH)
+                if config_delta(nested(key, "old"), nested(key, "new"))]
+    assert not compared, f"rundir.py compares {compared} though the directory name leaves them out"

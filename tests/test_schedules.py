@@ -128,7 +128,7 @@ def test_fixed_epoch_switch_given_as_a_fraction_shrinks_with_the_run():
     schedule = make("batch_accordion", run={"total_epochs": 30}, low=512, high=4096,
                     lr_scaling="linear", mode="fixed_epoch", switch_epoch=20 / 300,
                     decision="model_norm", **DETECTOR)
-    assert schedule.switch_epoch == 2
+    assert schedule.settings.switch_epoch == 2
     assert [schedule.on_epoch_end(e, None).global_batch for e in range(3)] == [512, 4096, 4096]
 
 
@@ -159,8 +159,8 @@ def test_regime_window_fractions_follow_total_epochs():
     options = conf("regime_windows")
     paper = make("regime_windows", run={"total_epochs": 300}, **options)
     cpu = make("regime_windows", run={"total_epochs": 30}, **options)
-    assert paper.windows == [(0, 20), (150, 160), (250, 260)]
-    assert cpu.windows == [(0, 2), (15, 16), (25, 26)]
+    assert paper.settings.windows == [(0, 20), (150, 160), (250, 260)]
+    assert cpu.settings.windows == [(0, 2), (15, 16), (25, 26)]
 
 
 def test_compact_levels():
@@ -235,7 +235,7 @@ def test_equal_low_and_high_are_allowed_and_topk_accepts_an_integer_one():
     schedule = make("accordion", run={"compressor": "topk"}, **{**ACCORDION, "low": 1,
                                                                  "high": 0.5})
     assert schedule.initial_plan().levels == [1.0, 1.0, 1.0]
-    assert isinstance(schedule.low, float)
+    assert isinstance(schedule.settings.low, float)
 
 
 def test_batch_schedules_work_without_a_compressor():

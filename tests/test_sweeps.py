@@ -61,6 +61,7 @@ def test_submitit_local_multirun_completes_both_runs(tmp_path):
     assert list(tmp_path.glob(".submitit/*")), "submitit wrote no job folder"
 
 
+@pytest.mark.slow
 def test_a_seed_list_multiplies_the_sweep(tmp_path):
     """3 seeds x 2 presets = 6 jobs (the first fails fast on purpose: no dataset files)."""
     result = cli(["-m", "experiment=table1/resnet18_powersgd_dense,table1/vgg19bn_powersgd_dense",
@@ -69,6 +70,7 @@ def test_a_seed_list_multiplies_the_sweep(tmp_path):
     assert launched_jobs(result.stdout + result.stderr) == 6
 
 
+@pytest.mark.slow
 def test_glob_selects_every_preset_of_a_table(tmp_path):
     result = cli(["-m", "experiment=glob(table1/*)", f"paths.runs_dir={tmp_path}",
                   f"paths.data_dir={tmp_path}/absent", "logger.wandb.mode=disabled"], timeout=120)

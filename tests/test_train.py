@@ -21,6 +21,7 @@ SMALL_IMAGE = ["dataset=synthetic_cifar10", "dataset.train_size=64", "dataset.te
 TIMING = {"epoch_time_s", "compute_time_s", "comm_time_s"}
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("compressor, floats_per_step, bytes_per_float", [
     ("compressor=none", 11_173_962, 4),
@@ -58,6 +59,7 @@ def _lstm_overrides(nproc: int, batch: int) -> list[str]:
             "optim.warmup_epochs=0", "optim.lr=0.5"]
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_two_ranks_match_one_rank_on_the_same_global_batch(tmp_path):
     """Each rank's contiguous shard holds the same columns as one rank's twice-as-wide batch."""
@@ -108,6 +110,14 @@ def test_wandb_offline_run_keeps_its_id_across_a_resume(tmp_path):
     ("compressor=powersgd compressor.rank=0", "compressor.rank"),
     ("compressor=topk compressor.ratio=1.5", "compressor.ratio"),
     ("compressor=powersgd schedule=accordion schedule.eta=0", "schedule.eta"),
+    ("dataset.augment=maybe", "dataset.augment"),
+    ("trainer.checkpoint=maybe", "trainer.checkpoint"),
+    ("optim.nesterov=sometimes", "optim.nesterov"),
+    ("dist.timeout_s=-5", "dist.timeout_s"),
+    ("dataset.train_size=0", "dataset.train_size"),
+    ("dataset.pipeline=gpu", "dataset.pipeline"),
+    ("+dataset.agument=false", "dataset.agument"),
+    ("model.width=0", "model.width"),
 ])
 def test_bad_values_are_rejected_with_their_key(override, key):
     from accordion_repro.config import validate
@@ -132,6 +142,7 @@ def _cli(args: list[str], **kw) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120, **kw)
 
 
+@pytest.mark.slow
 def test_cli_prints_composed_config_and_rejects_bad_values(tmp_path):
     out = _cli(["model=resnet18", "compressor=powersgd", "schedule=accordion", "--cfg", "job"])
     assert out.returncode == 0, out.stderr
@@ -146,6 +157,7 @@ def _children(pid: int) -> list[int]:
     return [int(line.split()[0]) for line in out.splitlines() if "spawn_main" in line]
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_a_killed_rank_ends_the_job_with_its_rank(tmp_path):
     proc = subprocess.Popen(

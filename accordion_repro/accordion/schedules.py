@@ -2,8 +2,8 @@
 
 A schedule never sees a compressor or a loop. The engine asks for `initial_plan()` before
 epoch 0 and calls `on_epoch_end(e, flags)` at the end of epoch e; the returned Plan holds from
-epoch e + 1 on. Each class names its options once, as its `Settings` dataclass (with the
-defaults); `parse(options, context)` checks the user's options into that object, and the
+epoch e + 1 on. Each class names its options once, as the `option()` fields of its `Settings`
+dataclass (with the defaults); reading the user's options into that object checks them, and the
 schedule is built from it, so that validation and construction cannot drift.
 """
 
@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 from ..comm.config import check_level, level_kind
 from ..errors import ConfigError
-from ..options import Options, as_epoch, option
+from ..options import Options, Settings, as_epoch, option
 from .detector import CriticalRegimeDetector, DetectorSettings
 
 # How per-layer flags become the one model-wide decision a batch size needs.
@@ -64,9 +64,10 @@ class ScheduleContext:
     """What a schedule needs to know about the rest of the run to check its options.
 
     `level_kind` is the compressor's kind of level as comm/ gives it (int ranks, float kept
-    fractions, None); `compressor` only names the compressor in messages.
+    fractions, None); `schedule` and `compressor` only name them in messages.
     """
 
+    schedule: str
     compressor: str
     level_kind: type | None
     world_size: int
@@ -74,9 +75,74 @@ class ScheduleContext:
 
 
 # ---- each schedule's options: the one list of their names, with their defaults -------------
-@dataclass(frozen=True)
-class NoSettings:
-    pass
+class ScheduleOptions(Options):
+    """The schedule node, read knowing the rest of the run: a level's kind comes from the
+    compressor, a global batch must split across the ranks, an epoch may be a fraction."""
+
+    def __init__(self, values: Mapping, settings: type, context: ScheduleContext):
+        super().__init__("schedule", values, settings)
+        self.context = context
+
+
+def _level(o: ScheduleOptions, option: str):
+    """Schedules that change the compression level need a compressor that has levels (the
+    kind, int ranks or float kept fractions, is comm/'s answer, passed in the context)."""
+    c = o.context
+    if c.level_kind is None:
+        raise ConfigError("schedule.name",
+                          f"schedule {c.schedule!r} changes the compression level, but compressor "
+                          f"{c.compressor!r} has no levels; use compressor=powersgd or topk, or a "
+                          "schedule that keeps compression fixed (static, batch_accordion)")
+    return check_level(c.level_kind, o.get(option), o.key(option))
+
+
+def _global_batch(o: ScheduleOptions, option: str) -> int:
+    value, world_size = o.integer(option, what="a global batch"), o.context.world_size
+    if value % world_size:
+        raise o.error(option, f"global batch {value} does not divide across {world_size} "
+                              f"workers (per-worker batch {value / world_size:g})")
+    return value
+
+
+def _epoch(o: ScheduleOptions, option: str) -> int:
+    return as_epoch(o.get(option), o.key(option), o.context.total_epochs)
+
+
+def _windows(o: ScheduleOptions, option: str) -> list[tuple[int, int]]:
+    windows, total_epochs, key = o.get(option), o.context.total_epochs, o.key(option)
+    if isinstance(windows, (str, bytes)) or not isinstance(windows, Sequence):
+        raise ConfigError(key, f"must be a list of [start, end] epoch pairs, got {windows!r}")
+    parsed = []
+    for i, window in enumerate(windows):
+        item_key = f"{key}[{i}]"
+        if isinstance(window, (str, bytes)) or not isinstance(window, Sequence) \
+                or len(window) != 2:
+            raise ConfigError(item_key, f"must be a [start, end] pair, got {window!r}")
+        start = as_epoch(window[0], item_key, total_epochs)
+        end = as_epoch(window[1], item_key, total_epochs)
+        if end <= start:
+            raise ConfigError(item_key, f"covers no epoch: [{start}, {end}) (end is exclusive)")
+        if total_epochs is not None and start >= total_epochs:
+            raise ConfigError(item_key, f"starts at epoch {start}, after the last epoch "
+                                        f"({total_epochs - 1}); give it as a fraction to scale")
+        parsed.append((start, end))
+    return parsed
+
+
+def _level_pair(low_option: str, low, high_option: str, high) -> None:
+    """`high` (outside critical regimes) may not send more than `low` (inside them); for both
+    kinds a larger number sends more: a higher rank, a larger kept fraction."""
+    if high > low:
+        raise ConfigError(f"schedule.{high_option}", f"{high!r} compresses less than schedule."
+                          f"{low_option} = {low!r}; the high-compression level must send no more "
+                          "than the low one")
+
+
+def _batch_pair(low_option: str, low: int, high_option: str, high: int) -> None:
+    if high < low:
+        raise ConfigError(f"schedule.{high_option}", f"B_high = {high} is smaller than schedule."
+                          f"{low_option} = {low}; the batch outside critical regimes must be at "
+                          "least as large")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,52 +153,63 @@ class StaticSettings(DetectorSettings):
 
 @dataclass(frozen=True, kw_only=True)
 class AccordionSettings(DetectorSettings):
-    low: int | float   # level inside critical regimes (conf gives it)
-    high: int | float  # level outside them
+    low: int | float = option(_level)   # level inside critical regimes (conf gives it)
+    high: int | float = option(_level)  # level outside them
+
+    def __post_init__(self):
+        _level_pair("low", self.low, "high", self.high)
 
 
 @dataclass(frozen=True, kw_only=True)
-class BatchChoices:
-    lr_scaling: str = "linear"    # lr_scale = B / B_low | sqrt | none
-    decision: str = "model_norm"  # batch from the whole-model norm | any | majority of layers
+class BatchChoices(Settings):
+    # lr_scale = B / B_low | sqrt | none
+    lr_scaling: str = option(Options.choice, LR_SCALINGS, default="linear")
+    # batch from the whole-model norm | any | majority of layers
+    decision: str = option(Options.choice, BATCH_DECISIONS, default="model_norm")
 
 
 @dataclass(frozen=True, kw_only=True)
 class BatchAccordionSettings(BatchChoices, DetectorSettings):
-    low: int   # B_low, global (conf gives it)
-    high: int  # B_high, global
-    mode: str = "detector"  # the paper's rule | fixed_epoch: B_low before switch_epoch (the logs)
-    switch_epoch: int | float = 0.0666666667  # epoch, or fraction of the run: 20 of 300
+    low: int = option(_global_batch)   # B_low, global (conf gives it)
+    high: int = option(_global_batch)  # B_high, global
+    # the paper's rule | fixed_epoch: B_low before switch_epoch (the released logs)
+    mode: str = option(Options.choice, BATCH_MODES, default="detector")
+    switch_epoch: int | float = option(_epoch, default=0.0666666667)  # or a fraction: 20 of 300
+
+    def __post_init__(self):
+        _batch_pair("low", self.low, "high", self.high)
 
 
 @dataclass(frozen=True, kw_only=True)
 class JointSettings(BatchChoices, DetectorSettings):
-    low: int | float  # compression level inside critical regimes (conf gives the four bounds)
-    high: int | float
-    batch_low: int    # global batch inside critical regimes
-    batch_high: int
+    low: int | float = option(_level)  # compression level inside critical regimes (conf gives
+    high: int | float = option(_level)  # the four bounds)
+    batch_low: int = option(_global_batch)  # global batch inside critical regimes
+    batch_high: int = option(_global_batch)
+
+    def __post_init__(self):
+        _level_pair("low", self.low, "high", self.high)
+        _batch_pair("batch_low", self.batch_low, "batch_high", self.batch_high)
 
 
 @dataclass(frozen=True, kw_only=True)
-class RegimeWindowsSettings:
-    windows: list  # [start, end) epoch pairs, or fractions of the run (conf gives all three)
-    inside: int | float
-    outside: int | float
-
-
-def _detector_options(reader: Options) -> dict:
-    return asdict(DetectorSettings.read(reader))
+class RegimeWindowsSettings(Settings):
+    SECTION = "schedule"
+    # [start, end) epoch pairs, or fractions of the run (conf gives all three)
+    windows: list = option(_windows)
+    inside: int | float = option(_level)
+    outside: int | float = option(_level)
 
 
 class Schedule:
     """Base: holds the plan in force and the last flags, and reports them for metrics.jsonl.
 
-    A subclass names its options once, as the fields of its `Settings` dataclass; they read as
-    attributes of the schedule (`schedule.low`).
+    A subclass names its options once, as the fields of its `Settings` dataclass; the checked
+    values are `schedule.settings`.
     """
 
     name = "schedule"
-    Settings: type = NoSettings
+    Settings: type[Settings]
     batch_low_option: str | None = None  # the option holding B_low, for batch schedules
 
     def __init__(self, num_layers: int, settings=None, *, default_level=None,
@@ -145,12 +222,6 @@ class Schedule:
         # per-layer flags and the model-wide batch decision in force, when the schedule has them
         self._critical, self._model_critical = self._initial_flags()
 
-    def __getattr__(self, option: str):
-        settings = self.__dict__.get("settings")
-        if settings is not None and option in self.options():
-            return getattr(settings, option)
-        raise AttributeError(f"{type(self).__name__!r} has no attribute {option!r}")
-
     @classmethod
     def options(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls.Settings))
@@ -161,7 +232,7 @@ class Schedule:
 
     def make_detector(self) -> CriticalRegimeDetector | None:
         """The detector this schedule expects its flags from (None when it needs none)."""
-        return None
+        return _detector(self) if self.needs_detector else None
 
     def initial_plan(self) -> Plan:
         """The plan for epoch 0 (pure: after a restore, `plan` is the one in force)."""
@@ -209,11 +280,6 @@ class Schedule:
         self._critical = None if state["critical"] is None else list(state["critical"])
         self._model_critical = state["model_critical"]
 
-    @classmethod
-    def parse(cls, options: Options, context: ScheduleContext):
-        """The user's options, checked, as this schedule's Settings."""
-        return cls.Settings()
-
 
 class StaticSchedule(Schedule):
     """The compressor's own level, the trainer's own batch, all run long.
@@ -229,26 +295,19 @@ class StaticSchedule(Schedule):
 
     @property
     def needs_detector(self) -> bool:
-        return self.detect
-
-    def make_detector(self) -> CriticalRegimeDetector | None:
-        return _detector(self) if self.detect else None
+        return self.settings.detect
 
     def initial_plan(self) -> Plan:
         return Plan(levels=None, global_batch=None, lr_scale=1.0)
 
     def _initial_flags(self):
-        return ([True] * self.num_layers, True) if self.detect else (None, None)
+        return ([True] * self.num_layers, True) if self.settings.detect else (None, None)
 
     def on_epoch_end(self, epoch: int, critical: Sequence[bool] | None) -> Plan:
-        if self.detect:
+        if self.settings.detect:
             flags = _expect_flags(self, critical)
             self._critical, self._model_critical = flags[:self.num_layers], flags[-1]
         return self.plan
-
-    @classmethod
-    def parse(cls, options: Options, context: ScheduleContext) -> StaticSettings:
-        return StaticSettings(detect=options.flag("detect"), **_detector_options(options))
 
 
 def _detector(schedule: Schedule) -> CriticalRegimeDetector:
@@ -277,8 +336,10 @@ class _DetectorDriven(Schedule):
     def needs_detector(self) -> bool:
         return True
 
-    def make_detector(self) -> CriticalRegimeDetector:
-        return _detector(self)
+
+def _levels(settings, critical: list[bool]) -> list:
+    """Each layer's level: `low` where the layer is critical, `high` elsewhere."""
+    return [settings.low if c else settings.high for c in critical]
 
 
 def _batch_decision(flags: list[bool], decision: str) -> bool:
@@ -311,20 +372,15 @@ class AccordionSchedule(_DetectorDriven):
     Settings = AccordionSettings
 
     def initial_plan(self) -> Plan:
-        return Plan(levels=[self.low] * self.num_layers, global_batch=None, lr_scale=1.0)
+        return Plan(levels=[self.settings.low] * self.num_layers, global_batch=None, lr_scale=1.0)
 
     def _initial_flags(self):
         return [True] * self.num_layers, None
 
     def on_epoch_end(self, epoch: int, critical: Sequence[bool] | None) -> Plan:
         self._critical = _expect_flags(self, critical)
-        levels = [self.low if c else self.high for c in self._critical]
-        return self._set(Plan(levels=levels, global_batch=None, lr_scale=1.0))
-
-    @classmethod
-    def parse(cls, options: Options, context: ScheduleContext) -> AccordionSettings:
-        low, high = _parse_level_pair(cls.name, options, context, "low", "high")
-        return AccordionSettings(low=low, high=high, **_detector_options(options))
+        return self._set(Plan(levels=_levels(self.settings, self._critical), global_batch=None,
+                              lr_scale=1.0))
 
 
 class BatchAccordionSchedule(_DetectorDriven):
@@ -345,44 +401,31 @@ class BatchAccordionSchedule(_DetectorDriven):
 
     @property
     def granularity(self) -> str:
-        return "model" if self.decision == "model_norm" else "layer"
+        return "model" if self.settings.decision == "model_norm" else "layer"
 
     @property
     def needs_detector(self) -> bool:
-        return self.mode == "detector"
-
-    def make_detector(self) -> CriticalRegimeDetector | None:
-        return super().make_detector() if self.needs_detector else None
+        return self.settings.mode == "detector"
 
     def _starts_critical(self) -> bool:
-        return self.mode == "detector" or self.switch_epoch > 0
+        return self.settings.mode == "detector" or self.settings.switch_epoch > 0
 
     def initial_plan(self) -> Plan:
         return self.rule.plan(critical=self._starts_critical())
 
     def _initial_flags(self):
         per_layer = [True] * self.num_layers if self.granularity != "model" else None
-        return (per_layer if self.mode == "detector" else None), self._starts_critical()
+        return (per_layer if self.needs_detector else None), self._starts_critical()
 
     def on_epoch_end(self, epoch: int, critical: Sequence[bool] | None) -> Plan:
-        if self.mode == "fixed_epoch":
-            self._model_critical = epoch + 1 < self.switch_epoch
+        if self.settings.mode == "fixed_epoch":
+            self._model_critical = epoch + 1 < self.settings.switch_epoch
         else:
             flags = _expect_flags(self, critical)
             if self.granularity == "layer":
                 self._critical = flags
-            self._model_critical = _batch_decision(flags, self.decision)
+            self._model_critical = _batch_decision(flags, self.settings.decision)
         return self._set(self.rule.plan(self._model_critical))
-
-    @classmethod
-    def parse(cls, options: Options, context: ScheduleContext) -> BatchAccordionSettings:
-        low, high = _parse_batch_pair(options, context, "low", "high")
-        return BatchAccordionSettings(
-            low=low, high=high, lr_scaling=options.choice("lr_scaling", LR_SCALINGS),
-            mode=options.choice("mode", BATCH_MODES),
-            switch_epoch=as_epoch(options.get("switch_epoch"), options.key("switch_epoch"),
-                                  context.total_epochs),
-            decision=options.choice("decision", BATCH_DECISIONS), **_detector_options(options))
 
 
 class JointSchedule(_DetectorDriven):
@@ -399,10 +442,10 @@ class JointSchedule(_DetectorDriven):
 
     @property
     def granularity(self) -> str:
-        return "layer+model" if self.decision == "model_norm" else "layer"
+        return "layer+model" if self.settings.decision == "model_norm" else "layer"
 
     def initial_plan(self) -> Plan:
-        return self.rule.plan(critical=True, levels=[self.low] * self.num_layers)
+        return self.rule.plan(critical=True, levels=[self.settings.low] * self.num_layers)
 
     def _initial_flags(self):
         return [True] * self.num_layers, True
@@ -410,18 +453,9 @@ class JointSchedule(_DetectorDriven):
     def on_epoch_end(self, epoch: int, critical: Sequence[bool] | None) -> Plan:
         flags = _expect_flags(self, critical)
         self._critical = flags[:self.num_layers]
-        self._model_critical = _batch_decision(flags, self.decision)
-        levels = [self.low if c else self.high for c in self._critical]
-        return self._set(self.rule.plan(self._model_critical, levels=levels))
-
-    @classmethod
-    def parse(cls, options: Options, context: ScheduleContext) -> JointSettings:
-        low, high = _parse_level_pair(cls.name, options, context, "low", "high")
-        batch_low, batch_high = _parse_batch_pair(options, context, "batch_low", "batch_high")
-        return JointSettings(low=low, high=high, batch_low=batch_low, batch_high=batch_high,
-                             lr_scaling=options.choice("lr_scaling", LR_SCALINGS),
-                             decision=options.choice("decision", BATCH_DECISIONS),
-                             **_detector_options(options))
+        self._model_critical = _batch_decision(flags, self.settings.decision)
+        return self._set(self.rule.plan(self._model_critical,
+                                        levels=_levels(self.settings, self._critical)))
 
 
 class RegimeWindowsSchedule(Schedule):
@@ -435,10 +469,10 @@ class RegimeWindowsSchedule(Schedule):
     Settings = RegimeWindowsSettings
 
     def in_window(self, epoch: int) -> bool:
-        return any(start <= epoch < end for start, end in self.windows)
+        return any(start <= epoch < end for start, end in self.settings.windows)
 
     def _plan_for(self, epoch: int) -> Plan:
-        level = self.inside if self.in_window(epoch) else self.outside
+        level = self.settings.inside if self.in_window(epoch) else self.settings.outside
         return Plan(levels=[level] * self.num_layers, global_batch=None, lr_scale=1.0)
 
     def initial_plan(self) -> Plan:
@@ -450,80 +484,6 @@ class RegimeWindowsSchedule(Schedule):
     def on_epoch_end(self, epoch: int, critical: Sequence[bool] | None) -> Plan:
         self._critical = [self.in_window(epoch + 1)] * self.num_layers
         return self._set(self._plan_for(epoch + 1))
-
-    @classmethod
-    def parse(cls, options: Options, context: ScheduleContext) -> RegimeWindowsSettings:
-        kind = require_levels(cls.name, context.compressor, context.level_kind)
-        return RegimeWindowsSettings(
-            windows=_parse_windows(options.get("windows"), context.total_epochs),
-            inside=check_level(kind, options.get("inside"), options.key("inside")),
-            outside=check_level(kind, options.get("outside"), options.key("outside")))
-
-
-def require_levels(schedule: str, compressor: str, kind: type | None) -> type:
-    """Schedules that change the compression level need a compressor that has levels (the
-    kind, int ranks or float kept fractions, is comm/'s answer, passed in the context)."""
-    if kind is None:
-        raise ConfigError("schedule.name",
-                          f"schedule {schedule!r} changes the compression level, but compressor "
-                          f"{compressor!r} has no levels; use compressor=powersgd or topk, or a "
-                          "schedule that keeps compression fixed (static, batch_accordion)")
-    return kind
-
-
-def _parse_level_pair(name: str, options: Options, context: ScheduleContext,
-                      low_option: str, high_option: str):
-    """`high` (outside critical regimes) may not send more than `low` (inside them); for both
-    kinds a larger number sends more: a higher rank, a larger kept fraction."""
-    kind = require_levels(name, context.compressor, context.level_kind)
-    low = check_level(kind, options.get(low_option), options.key(low_option))
-    high = check_level(kind, options.get(high_option), options.key(high_option))
-    if high > low:
-        raise options.error(high_option, f"{high!r} compresses less than {options.key(low_option)}"
-                                         f" = {low!r}; the high-compression level must send no "
-                                         "more than the low one")
-    return low, high
-
-
-def _parse_batch_pair(options: Options, context: ScheduleContext,
-                      low_option: str, high_option: str) -> tuple[int, int]:
-    """Two global batches, each split evenly into one per-worker batch per rank, B_high >= B_low."""
-    low, high = (_global_batch(options, option, context.world_size)
-                 for option in (low_option, high_option))
-    if high < low:
-        raise options.error(high_option, f"B_high = {high} is smaller than {options.key(low_option)}"
-                                         f" = {low}; the batch outside critical regimes must be "
-                                         "at least as large")
-    return low, high
-
-
-def _global_batch(options: Options, option: str, world_size: int) -> int:
-    value = options.integer(option, what="a global batch")
-    if value % world_size:
-        raise options.error(option, f"global batch {value} does not divide across {world_size} "
-                                    f"workers (per-worker batch {value / world_size:g})")
-    return value
-
-
-def _parse_windows(windows, total_epochs: int | None) -> list[tuple[int, int]]:
-    key = "schedule.windows"
-    if isinstance(windows, (str, bytes)) or not isinstance(windows, Sequence):
-        raise ConfigError(key, f"must be a list of [start, end] epoch pairs, got {windows!r}")
-    parsed = []
-    for i, window in enumerate(windows):
-        item_key = f"{key}[{i}]"
-        if isinstance(window, (str, bytes)) or not isinstance(window, Sequence) \
-                or len(window) != 2:
-            raise ConfigError(item_key, f"must be a [start, end] pair, got {window!r}")
-        start = as_epoch(window[0], item_key, total_epochs)
-        end = as_epoch(window[1], item_key, total_epochs)
-        if end <= start:
-            raise ConfigError(item_key, f"covers no epoch: [{start}, {end}) (end is exclusive)")
-        if total_epochs is not None and start >= total_epochs:
-            raise ConfigError(item_key, f"starts at epoch {start}, after the last epoch "
-                                        f"({total_epochs - 1}); give it as a fraction to scale")
-        parsed.append((start, end))
-    return parsed
 
 
 # ---- the config-facing entry points of accordion/ -------------------------------------------
@@ -543,11 +503,11 @@ def _parse(name, options: Mapping, compressor: str, world_size: int,
     options = dict(options)
     if options.pop("name", name) != name:
         raise ConfigError("schedule.name", f"two names given: {name!r} and options['name']")
-    reader = Options("schedule", options, cls.Settings)
-    reader.reject_unknown(cls.options(), f"schedule {name!r}")
     # The compressor's kind of level comes from comm/, the one table of compressors.
-    context = ScheduleContext(compressor, level_kind(compressor), world_size, total_epochs)
-    return cls, cls.parse(reader, context)
+    context = ScheduleContext(name, compressor, level_kind(compressor), world_size, total_epochs)
+    reader = ScheduleOptions(options, cls.Settings, context)
+    reader.reject_unknown(cls.options(), f"schedule {name!r}")
+    return cls, cls.Settings.read(reader)
 
 
 def validate_schedule(name, options: Mapping, /, *, compressor: str, world_size: int,

@@ -20,6 +20,11 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from accordion_repro.models.factory import SETTINGS as MODEL_SETTINGS
+from accordion_repro.models.settings import SIZE_OPTIONS
+from accordion_repro.options import defaults_of
+from accordion_repro.utils import flatten
+
 RUN_FILES = ("resolved.yaml", "metrics.jsonl", "summary.json")
 REQUIRED_METRICS = ("epoch", "steps", "floats_sent", "bytes_sent", "collectives",
                     "epoch_time_s", "compute_time_s")
@@ -28,10 +33,11 @@ RUN_DIR = "run_dir"
 UNFINISHED_STATUSES = ("running", "stopped")   # resumable: the job is going or was preempted
 
 
-# Size options of the paper models; a run that changes one is a reduced model, and every table
-# and figure built from it says so.
-PAPER_MODEL_SIZES = {"model.width": 1.0, "model.stage4_channels": 512, "model.num_layers": 3,
-                     "model.hidden_size": 650, "model.embedding_size": 650}
+# Size options of the paper models (their defaults); a run that changes one is a reduced model,
+# and every table and figure built from it says so.
+_DEFAULTS = {key: value for settings in MODEL_SETTINGS.values()
+             for key, value in defaults_of(settings).items()}
+PAPER_MODEL_SIZES = {f"model.{key}": _DEFAULTS[key] for key in SIZE_OPTIONS}
 
 
 def model_variant(values: Mapping[str, Any]) -> str | None:
@@ -105,18 +111,6 @@ class Collection:
     frame: pd.DataFrame                      # one row per (run, epoch)
     broken: list[tuple[str, str]] = field(default_factory=list)      # (run dir, reason)
     unfinished: list[tuple[str, str]] = field(default_factory=list)  # (run dir, reason)
-
-
-def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"model": {"name": "resnet18"}} -> {"model.name": "resnet18"}; lists stay values."""
-    flat: dict[str, Any] = {}
-    for key, value in mapping.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            flat.update(flatten(value, prefix=f"{name}."))
-        else:
-            flat[name] = value
-    return flat
 
 
 def find_run_dirs(runs_dir: str | os.PathLike) -> tuple[list[Path], list[tuple[Path, str]]]:

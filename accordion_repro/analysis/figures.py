@@ -32,7 +32,7 @@ from accordion_repro.analysis.collect import first_value, model_variants, numeri
 from accordion_repro.analysis.labels import (batch_sizes_text, data_text,  # noqa: E402
                                              run_batch_label, stand_in_notes)
 from accordion_repro.analysis.layout import (FIGURES, METRIC_TITLES, FigureSpec,  # noqa: E402
-                                             TableSpec)
+                                             TableSpec, level_text)
 from accordion_repro.utils import atomic_write  # noqa: E402
 
 STYLE = {"font.size": 9, "axes.titlesize": 9, "axes.labelsize": 9, "legend.fontsize": 8,
@@ -179,15 +179,6 @@ def _truthy(value) -> bool:
     return value is not None and not (isinstance(value, float) and math.isnan(value)) and bool(value)
 
 
-def _level_text(run: pd.DataFrame, level) -> str:
-    compressor = first_value(run, "compressor.name")
-    if compressor == "topk":
-        return f"K {float(level) * 100:g}%"
-    if compressor == "powersgd":
-        return f"rank {float(level):g}"
-    return f"level {level}"
-
-
 def _starts_critical(run: pd.DataFrame) -> bool:
     """Whether epoch 0 ran in a critical regime. A record logs the flags decided at its end (they
     hold for the next epoch), so epoch 0's own flags are read from what it ran: the detector
@@ -241,17 +232,17 @@ def _lr_decays(run: pd.DataFrame) -> list[int]:
 
 
 def _shading_label(run: pd.DataFrame) -> str:
-    name = first_value(run, "schedule.name")
+    name, compressor = first_value(run, "schedule.name"), first_value(run, "compressor.name")
     if name == "regime_windows":
         inside = first_value(run, "schedule.inside")
         return ("shaded: epochs inside the fixed critical-regime\nwindows"
-                + (f" ({_level_text(run, inside)} there)" if inside is not None else ""))
+                + (f" ({level_text(compressor, inside)} there)" if inside is not None else ""))
     low = first_value(run, "schedule.low")
     if name == "batch_accordion" and low is not None:
         return f"shaded: epochs run critical (detector):\nsmall batch B {int(float(low))}"
     if low is not None:
         return ("shaded: epochs run critical (detector):\n"
-                f"≥1 layer at low compression, {_level_text(run, low)}")
+                f"≥1 layer at low compression, {level_text(compressor, low)}")
     return "shaded: epochs run in a critical regime"
 
 

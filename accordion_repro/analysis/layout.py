@@ -1,7 +1,8 @@
 """The paper's tables and figures as data: which preset fills which cell.
 
-One structure serves both sides: the table builder groups runs by it, and the experiment-preset
-writer imports it to know which presets must exist (`run.name`), so the two cannot drift apart.
+One structure serves both sides: the table builder groups runs by it, and tests/test_presets.py
+checks against it that conf/experiment/ holds exactly one preset per cell (`run.name`), so the
+hand-written presets and the tables cannot drift apart.
 A run belongs to a table cell when its `run.table`, `model.name` and `run.method` match the cell;
 the preset name is what the user is told to run when a cell is empty.
 
@@ -86,10 +87,11 @@ class FigureSpec:
     cells: tuple[FigureCell, ...]
 
 
-def _level_text(family: str, level: int | float, short: bool = False) -> str:
-    """'rank 2', 'K 99%', 'B 512'; short: '2', '99%', '512'."""
-    text = f"{level * 100:g}%" if family == "topk" else f"{level}"
-    unit = {"powersgd": "rank", "topk": "K", "batch": "B"}[family]
+def level_text(family: str, level: int | float, short: bool = False) -> str:
+    """'rank 2', 'K 99%', 'B 512'; short: '2', '99%', '512'. `family` is a compressor name or
+    "batch"; any other is 'level 2'. The layout's labels and the figures' notes say it alike."""
+    text = f"{float(level) * 100:g}%" if family == "topk" else f"{float(level):g}"
+    unit = {"powersgd": "rank", "topk": "K", "batch": "B"}.get(family, "level")
     return text if short else f"{unit} {text}"
 
 
@@ -105,9 +107,9 @@ def _cells(table: str, dataset: str, family: str,
     for model, low, high in models:
         methods = [("dense", "Dense (no compression)", None, "none")] if family != "batch" else []
         methods += [
-            ("static_low", _level_text(family, low).capitalize(), ref(low), compressor),
-            ("static_high", _level_text(family, high).capitalize(), ref(high), compressor),
-            ("accordion", f"Accordion {_level_text(family, low, True)}<->{_level_text(family, high, True)}",
+            ("static_low", level_text(family, low).capitalize(), ref(low), compressor),
+            ("static_high", level_text(family, high).capitalize(), ref(high), compressor),
+            ("accordion", f"Accordion {level_text(family, low, True)}<->{level_text(family, high, True)}",
              f"accordion_{ref(low, short=True)}_{ref(high, short=True)}", compressor),
         ]
         for method, label, setting, cell_compressor in methods:

@@ -6,29 +6,13 @@ of conf/compressor/<name>.yaml. comm/ knows no training loop and no schedule: it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict
-
-import torch
-
 from .base import DenseReducer, Reducer
+from .build import build_reducer
 from .config import compressor_level, level_kind, level_option, validate_compressor
+from .ddp_hook import AccordionHookState, EpochMismatchError, LevelMismatchError, accordion_hook
 from .powersgd import PowerSGDReducer
 from .stats import CommStats
 from .topk import TopKReducer
-
-_REDUCERS = {"none": DenseReducer, "powersgd": PowerSGDReducer, "topk": TopKReducer}
-
-
-def build_reducer(name: str, params: Sequence[torch.Tensor], *, group=None, **options) -> Reducer:
-    """The reducer `name` over `params` (tensors or parameters; only their shapes are used)."""
-    settings = validate_compressor(name, options)
-    return _REDUCERS[name](list(params), group=group, **asdict(settings))
-
-
-# Last: ddp_hook imports build_reducer from this module.
-from .ddp_hook import (AccordionHookState, EpochMismatchError, LevelMismatchError,  # noqa: E402
-                       accordion_hook)
 
 __all__ = [
     "AccordionHookState", "accordion_hook", "LevelMismatchError", "EpochMismatchError",

@@ -29,7 +29,7 @@ from functools import lru_cache
 
 import torch
 
-from . import build_reducer
+from .build import build_reducer
 from .base import Phase, Reducer
 from .stats import CommStats
 

@@ -26,25 +26,9 @@ class DataBundle:
     description: str               # one line for logs: name, sizes, subset
 
 
-def validate_subset(subset) -> None:
-    """Reject a subset value that can never be valid, before any file is read."""
-    if subset is None:
-        return
-    if isinstance(subset, bool) or not isinstance(subset, numbers.Real):
-        raise ConfigError("dataset.subset",
-                          f"{subset!r} is neither null, a fraction in (0, 1] nor a count")
-    if isinstance(subset, numbers.Integral):
-        if subset < 1:
-            raise ConfigError("dataset.subset", f"count {subset} must be at least 1")
-        return
-    if not 0.0 < float(subset) <= 1.0:
-        raise ConfigError("dataset.subset",
-                          f"fraction {subset} must lie in (0, 1]; write a count as an integer")
-
-
 def subset_size(subset, total: int) -> int:
-    """How many training examples (or tokens) a subset value keeps out of `total`."""
-    validate_subset(subset)
+    """How many training examples (or tokens) a subset value (checked by data/settings.py)
+    keeps out of `total`."""
     if subset is None:
         return total
     if isinstance(subset, numbers.Integral):
@@ -55,22 +39,23 @@ def subset_size(subset, total: int) -> int:
     return max(1, int(round(float(subset) * total)))
 
 
-def make_bundle(cfg, name: str, train, test, *, seed: int = 0, num_classes: int | None = None,
-                vocab_size: int | None = None, notes: str = "") -> DataBundle:
-    """Apply the `dataset.subset` of `cfg` and write the one-line description.
+def make_bundle(settings, train, test, *, name: str | None = None, seed: int = 0,
+                num_classes: int | None = None, vocab_size: int | None = None,
+                notes: str = "") -> DataBundle:
+    """Apply `settings.subset` and write the one-line description.
 
     Images (`num_classes` given) keep a random but seed-determined choice of examples,
     identical on every rank and sorted so that the subset preserves the original order, which
     keeps the sampler's shuffled order a function of the seed alone. Text (`vocab_size`
     given) keeps a prefix of the training stream.
     """
-    subset, total = cfg.get("subset", None), len(train)
+    subset, total = settings.subset, len(train)
     kept = subset_size(subset, total)
     if vocab_size is None:
         if kept < total:
             order = torch.randperm(total, generator=torch.Generator().manual_seed(int(seed)))
             train = Subset(train, order[:kept].sort().values.tolist())
-        augment = "augment on" if cfg.get("augment", True) else "augment off"
+        augment = "augment on" if settings.augment else "augment off"
         notes = f"{notes}, {augment}" if notes else augment
         kind, sizes = "image", f"test images, {num_classes} classes"
     else:
@@ -78,4 +63,5 @@ def make_bundle(cfg, name: str, train, test, *, seed: int = 0, num_classes: int 
     portion = "full" if subset is None or kept == total else f"subset {subset} -> {kept} of {total}"
     detail = f", {notes}" if notes else ""
     return DataBundle(kind, train, test, num_classes, vocab_size,
-                      f"{name}: {len(train)} train / {len(test)} {sizes} ({portion}{detail})")
+                      f"{name or settings.name}: {len(train)} train / {len(test)} {sizes} "
+                      f"({portion}{detail})")

@@ -13,13 +13,12 @@ from torchvision.datasets import CIFAR10, CIFAR100
 
 from ..errors import DatasetMissingError
 from .bundle import DataBundle, make_bundle
-from .images import CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD, transforms_from_config
+from .images import image_transforms
+from .settings import CifarSettings
 
 _SOURCES = {
-    "cifar10": dict(cls=CIFAR10, num_classes=10, mean=CIFAR10_MEAN, std=CIFAR10_STD,
-                    rotation=0.0, label="CIFAR-10"),
-    "cifar100": dict(cls=CIFAR100, num_classes=100, mean=CIFAR100_MEAN, std=CIFAR100_STD,
-                     rotation=15.0, label="CIFAR-100"),
+    "cifar10": dict(cls=CIFAR10, num_classes=10, label="CIFAR-10"),
+    "cifar100": dict(cls=CIFAR100, num_classes=100, label="CIFAR-100"),
 }
 
 _HOW_TO_GET = ("set dataset.download=true or place the python-version archive there "
@@ -35,12 +34,12 @@ def _without_checksums(cls):
     })
 
 
-def check(cfg) -> None:
-    if cfg.get("download", False):
+def check(settings: CifarSettings) -> None:
+    if settings.download:
         return
-    source = _SOURCES[cfg["name"]]
+    source = _SOURCES[settings.name]
     cls = source["cls"]
-    folder = os.path.join(str(cfg.get("root", "data")), cls.base_folder)
+    folder = os.path.join(settings.root, cls.base_folder)
     expected = [name for name, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
     missing = [f for f in expected if not os.path.isfile(os.path.join(folder, f))]
     if missing:
@@ -50,21 +49,18 @@ def check(cfg) -> None:
             f"{os.path.abspath(folder)}{partial}; {_HOW_TO_GET}")
 
 
-def build(cfg, seed: int) -> DataBundle:
-    check(cfg)
-    source = _SOURCES[cfg["name"]]
-    cls, root = source["cls"], str(cfg.get("root", "data"))
-    reader = cls if cfg.get("verify_checksums", True) else _without_checksums(cls)
-    train_tf, test_tf = transforms_from_config(cfg, source["mean"], source["std"],
-                                               source["rotation"])
+def build(settings: CifarSettings, seed: int) -> DataBundle:
+    check(settings)
+    source = _SOURCES[settings.name]
+    cls, root = source["cls"], settings.root
+    reader = cls if settings.verify_checksums else _without_checksums(cls)
+    train_tf, test_tf = image_transforms(settings)
     try:
-        train = reader(root, train=True, transform=train_tf,
-                       download=bool(cfg.get("download", False)))
+        train = reader(root, train=True, transform=train_tf, download=settings.download)
         test = reader(root, train=False, transform=test_tf, download=False)
     except RuntimeError:  # torchvision's "not found or corrupted" after an md5 check
         raise DatasetMissingError(
             f"{source['label']} files in {os.path.abspath(os.path.join(root, cls.base_folder))} "
             f"fail torchvision's md5 check; {_HOW_TO_GET}, or set dataset.verify_checksums=false "
             f"for a non-official copy") from None
-    return make_bundle(cfg, cfg["name"], train, test, seed=seed,
-                       num_classes=source["num_classes"])
+    return make_bundle(settings, train, test, seed=seed, num_classes=source["num_classes"])

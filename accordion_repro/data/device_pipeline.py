@@ -28,8 +28,6 @@ from torchvision import transforms
 
 from ..errors import ConfigError
 
-PIPELINES = ("pil", "device")
-
 
 def raw_arrays(dataset) -> tuple[np.ndarray, np.ndarray, object]:
     """(uint8 NHWC images, int64 labels, PIL transform) of a CIFAR-style dataset or a Subset."""

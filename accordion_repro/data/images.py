@@ -7,47 +7,22 @@ inputs of the same distribution whichever source supplies the pixels.
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import transforms
 
-from ..errors import ConfigError
-from ..options import Options
-
-# Official normalisation (facts section 5). CIFAR-10's is given in 0..255 units in the code.
-CIFAR10_MEAN = tuple(v / 255.0 for v in (125.3, 123.0, 113.9))
-CIFAR10_STD = tuple(v / 255.0 for v in (63.0, 62.1, 66.7))
-CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
-CIFAR100_STD = (0.2673, 0.2564, 0.2762)
+from .settings import ImageSettings
 
 
-def channel_stats(cfg, key: str, default: Sequence[float]) -> tuple[float, float, float]:
-    """Read a per-channel mean or std from the config, checking it has three entries."""
-    value = cfg.get(key, None)
-    if value is None:
-        return tuple(default)
-    values = tuple(float(v) for v in value)
-    if len(values) != 3:
-        raise ConfigError(f"dataset.{key}", f"needs 3 per-channel values, got {len(values)}")
-    if key == "std" and min(values) <= 0:
-        raise ConfigError("dataset.std", f"every entry must be positive, got {values}")
-    return values
-
-
-def transforms_from_config(cfg, default_mean, default_std, default_rotation: float = 0.0):
+def image_transforms(settings: ImageSettings):
     """(train, test) transforms: RandomCrop(32, 4) + flip (+ rotation) only when augmenting."""
-    rotation = Options("dataset", cfg).number("rotation_degrees", closed="low",
-                                              default=default_rotation)
-    finish = [transforms.ToTensor(), transforms.Normalize(channel_stats(cfg, "mean", default_mean),
-                                                          channel_stats(cfg, "std", default_std))]
+    finish = [transforms.ToTensor(), transforms.Normalize(settings.mean, settings.std)]
     augmentation = []
-    if cfg.get("augment", True):
+    if settings.augment:
         augmentation = [transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip()]
-        if rotation:
-            augmentation.append(transforms.RandomRotation(rotation))
+        if settings.rotation_degrees:
+            augmentation.append(transforms.RandomRotation(settings.rotation_degrees))
     return transforms.Compose(augmentation + finish), transforms.Compose(finish)
 
 

@@ -22,23 +22,16 @@ import numpy as np
 from PIL import Image
 
 from ..errors import ConfigError, DatasetMissingError
-from ..options import Options
 from .bundle import DataBundle, make_bundle
 from .decode_cache import cached_decode
-from .images import CIFAR10_MEAN, CIFAR10_STD, ArrayImageDataset, transforms_from_config
+from .images import ArrayImageDataset, image_transforms
+from .settings import NpzSettings
 
 _DECODED: dict[tuple, dict[str, np.ndarray]] = {}
 
 
-def _paths(cfg) -> list[str]:
-    path = cfg.get("path", None)
-    if path is None or (not isinstance(path, str) and len(path) == 0):
-        raise ConfigError("dataset.path", "give an .npz file or a list of them")
-    return [str(path)] if isinstance(path, (str, os.PathLike)) else [str(p) for p in path]
-
-
-def check(cfg) -> None:
-    for path in _paths(cfg):
+def check(settings: NpzSettings) -> None:
+    for path in settings.path:
         if not os.path.isfile(path):
             raise DatasetMissingError(
                 f"npz dataset file not found: {os.path.abspath(path)} (dataset.path); put it "
@@ -120,11 +113,11 @@ def load_file(path: str, cache_dir: str | None = None) -> dict[str, np.ndarray]:
     return _DECODED[key]
 
 
-def prepare(cfg) -> None:
+def prepare(settings: NpzSettings) -> None:
     """Before the ranks start: read (and decode into the cache) every file and check its
     contents, so a damaged or mis-shaped file is one error line, not a traceback per rank.
     The launching process keeps none of the arrays: the ranks load them from the cache."""
-    _load_checked(cfg)
+    _load_checked(settings)
     _DECODED.clear()
 
 
@@ -141,11 +134,10 @@ def join_files(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
                      for key in ("x_test", "y_test")}
 
 
-def _load_checked(cfg) -> tuple[dict[str, np.ndarray], int]:
-    check(cfg)
-    paths = _paths(cfg)
-    num_classes = Options("dataset", cfg).integer("num_classes", minimum=2, default=10)
-    joined = join_files([load_file(p, cfg.get("cache_dir", None)) for p in paths])
+def _load_checked(settings: NpzSettings) -> tuple[dict[str, np.ndarray], int]:
+    check(settings)
+    paths, num_classes = list(settings.path), settings.num_classes
+    joined = join_files([load_file(p, settings.cache_dir) for p in paths])
     for split in ("train", "test"):
         labels = joined[f"y_{split}"]
         if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
@@ -155,10 +147,11 @@ def _load_checked(cfg) -> tuple[dict[str, np.ndarray], int]:
     return joined, num_classes
 
 
-def build(cfg, seed: int) -> DataBundle:
-    joined, num_classes = _load_checked(cfg)
-    train_tf, test_tf = transforms_from_config(cfg, CIFAR10_MEAN, CIFAR10_STD)
+def build(settings: NpzSettings, seed: int) -> DataBundle:
+    joined, num_classes = _load_checked(settings)
+    train_tf, test_tf = image_transforms(settings)
     train = ArrayImageDataset(joined["x_train"], joined["y_train"], train_tf)
     test = ArrayImageDataset(joined["x_test"], joined["y_test"], test_tf)
-    files = ", ".join(os.path.basename(p) for p in _paths(cfg))
-    return make_bundle(cfg, f"npz[{files}]", train, test, seed=seed, num_classes=num_classes)
+    files = ", ".join(os.path.basename(p) for p in settings.path)
+    return make_bundle(settings, train, test, name=f"npz[{files}]", seed=seed,
+                       num_classes=num_classes)

@@ -6,49 +6,53 @@ from collections.abc import Mapping
 
 from ..errors import ConfigError
 from . import cifar, npz, synthetic, wikitext
-from .bundle import DataBundle, validate_subset
+from .bundle import DataBundle
+from .settings import (Cifar100Settings, CifarSettings, DataSettings, NpzSettings,
+                       SyntheticImage100Settings, SyntheticImageSettings, SyntheticTextSettings,
+                       WikiTextSettings)
 
 
-def _nothing(cfg) -> None:
+def _nothing(settings) -> None:
     """Synthetic data is generated: no files to find; only npz files have one-off work."""
 
 
-# name -> (check: fail fast on missing files, prepare: work worth doing once per machine before
-# the ranks start, e.g. decoding JPEGs into a cache, build)
+# name -> (its options, check: fail fast on missing files, prepare: work worth doing once per
+# machine before the ranks start, e.g. decoding JPEGs into a cache, build)
 _DATASETS = {
-    "cifar10": (cifar.check, _nothing, cifar.build),
-    "cifar100": (cifar.check, _nothing, cifar.build),
-    "npz": (npz.check, npz.prepare, npz.build),
-    "synthetic_cifar10": (_nothing, _nothing, synthetic.build_images),
-    "synthetic_cifar100": (_nothing, _nothing, synthetic.build_images),
-    "wikitext2": (wikitext.check, _nothing, wikitext.build),
-    "synthetic_text": (_nothing, _nothing, synthetic.build_text),
+    "cifar10": (CifarSettings, cifar.check, _nothing, cifar.build),
+    "cifar100": (Cifar100Settings, cifar.check, _nothing, cifar.build),
+    "npz": (NpzSettings, npz.check, npz.prepare, npz.build),
+    "synthetic_cifar10": (SyntheticImageSettings, _nothing, _nothing, synthetic.build_images),
+    "synthetic_cifar100": (SyntheticImage100Settings, _nothing, _nothing, synthetic.build_images),
+    "wikitext2": (WikiTextSettings, wikitext.check, _nothing, wikitext.build),
+    "synthetic_text": (SyntheticTextSettings, _nothing, _nothing, synthetic.build_text),
 }
 DATASET_NAMES: tuple[str, ...] = tuple(_DATASETS)
+SETTINGS: dict[str, type[DataSettings]] = {name: entry[0] for name, entry in _DATASETS.items()}
 
 
-def _dataset(cfg: Mapping):
+def dataset_settings(cfg: Mapping) -> DataSettings:
+    """The `dataset` node, checked: its name, then every option its dataset takes."""
     name = cfg.get("name", None)
     if name not in _DATASETS:
         raise ConfigError("dataset.name",
                           f"unknown dataset {name!r}; choose one of {', '.join(DATASET_NAMES)}")
-    validate_subset(cfg.get("subset", None))
-    return _DATASETS[name]
+    return SETTINGS[name].from_config(cfg, owner=f"dataset {name!r}")
 
 
 def check_dataset(cfg: Mapping) -> None:
-    """Fail fast, before any rank starts, on a bad name, subset or missing files."""
-    check, _, _ = _dataset(cfg)
-    check(cfg)
+    """Fail fast, before any rank starts, on a bad name or option or on missing files."""
+    settings = dataset_settings(cfg)
+    _DATASETS[settings.name][1](settings)
 
 
 def prepare_dataset(cfg: Mapping) -> None:
     """Do the dataset's one-off work (decode caches) in the launching process."""
-    _, prepare, _ = _dataset(cfg)
-    prepare(cfg)
+    settings = dataset_settings(cfg)
+    _DATASETS[settings.name][2](settings)
 
 
 def build_data(cfg: Mapping, seed: int) -> DataBundle:
     """Load (or generate) the dataset a `dataset` config node describes."""
-    _, _, build = _dataset(cfg)
-    return build(cfg, seed)
+    settings = dataset_settings(cfg)
+    return _DATASETS[settings.name][3](settings, seed)

@@ -22,18 +22,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..options import Options
 from .bundle import DataBundle, make_bundle
-from .images import CIFAR10_MEAN, CIFAR10_STD, ArrayImageDataset, transforms_from_config
+from .images import ArrayImageDataset, image_transforms
+from .settings import SyntheticImageSettings, SyntheticTextSettings
 
 
-def _data_seed(cfg, seed: int) -> int:
-    data_seed = cfg.get("data_seed", None)
-    return int(seed if data_seed is None else data_seed)
+def _data_seed(settings, seed: int) -> int:
+    return int(seed if settings.data_seed is None else settings.data_seed)
 
 
 def synthetic_images(num_classes: int, train_size: int, test_size: int, *, seed: int,
-                     noise: float = 2.0, pixel_noise: float = 0.3, grid: int = 4,
+                     noise: float, pixel_noise: float, grid: int = 4,
                      pixel_std: float = 50.0):
     """uint8 (N, 32, 32, 3) train and test images with balanced, shuffled labels.
 
@@ -65,23 +64,17 @@ def synthetic_images(num_classes: int, train_size: int, test_size: int, *, seed:
     return draw(train_size), draw(test_size)
 
 
-def build_images(cfg, seed: int) -> DataBundle:
-    options = Options("dataset", cfg)
-    num_classes = options.integer("num_classes", minimum=2, default=10)
-    train_size = options.integer("train_size", default=2048)
-    test_size = options.integer("test_size", default=512)
-    noise = options.number("noise", closed="low", default=2.0)
-    pixel_noise = options.number("pixel_noise", closed="low", default=0.3)
+def build_images(s: SyntheticImageSettings, seed: int) -> DataBundle:
     (x_train, y_train), (x_test, y_test) = synthetic_images(
-        num_classes, train_size, test_size, seed=_data_seed(cfg, seed), noise=noise,
-        pixel_noise=pixel_noise)
-    train_tf, test_tf = transforms_from_config(cfg, CIFAR10_MEAN, CIFAR10_STD)
-    return make_bundle(cfg, cfg["name"], ArrayImageDataset(x_train, y_train, train_tf),
+        s.num_classes, s.train_size, s.test_size, seed=_data_seed(s, seed), noise=s.noise,
+        pixel_noise=s.pixel_noise)
+    train_tf, test_tf = image_transforms(s)
+    return make_bundle(s, ArrayImageDataset(x_train, y_train, train_tf),
                        ArrayImageDataset(x_test, y_test, test_tf), seed=seed,
-                       num_classes=num_classes, notes="SYNTHETIC stand-in, not real data")
+                       num_classes=s.num_classes, notes="SYNTHETIC stand-in, not real data")
 
 
-def markov_tokens(vocab_size: int, count: int, *, seed: int, branching: int = 4) -> torch.Tensor:
+def markov_tokens(vocab_size: int, count: int, *, seed: int, branching: int) -> torch.Tensor:
     """A token stream from a random chain: each token has `branching` weighted successors."""
     rng = np.random.default_rng(seed)
     successors = rng.integers(0, vocab_size, size=(vocab_size, branching)).tolist()
@@ -98,14 +91,9 @@ def markov_tokens(vocab_size: int, count: int, *, seed: int, branching: int = 4)
     return torch.tensor(stream, dtype=torch.long)
 
 
-def build_text(cfg, seed: int) -> DataBundle:
-    options = Options("dataset", cfg)
-    vocab_size = options.integer("vocab_size", minimum=2, default=1000)
-    train_tokens = options.integer("train_tokens", minimum=2, default=100_000)
-    eval_tokens = options.integer("eval_tokens", minimum=2, default=20_000)
-    branching = options.integer("branching", default=4)
-    stream = markov_tokens(vocab_size, train_tokens + eval_tokens, seed=_data_seed(cfg, seed),
-                           branching=branching)
-    return make_bundle(cfg, cfg["name"], stream[:train_tokens], stream[train_tokens:],
-                       vocab_size=vocab_size,
-                       notes=f"SYNTHETIC Markov chain, branching {branching}, not real text")
+def build_text(s: SyntheticTextSettings, seed: int) -> DataBundle:
+    stream = markov_tokens(s.vocab_size, s.train_tokens + s.eval_tokens,
+                           seed=_data_seed(s, seed), branching=s.branching)
+    return make_bundle(s, stream[:s.train_tokens], stream[s.train_tokens:],
+                       vocab_size=s.vocab_size,
+                       notes=f"SYNTHETIC Markov chain, branching {s.branching}, not real text")

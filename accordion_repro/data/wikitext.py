@@ -22,6 +22,7 @@ import torch
 
 from ..errors import ConfigError, DatasetMissingError
 from .bundle import DataBundle, make_bundle
+from .settings import WikiTextSettings
 
 SPLITS = ("train", "valid", "test")
 NAMING_SCHEMES = ({s: f"{s}.txt" for s in SPLITS},
@@ -43,12 +44,9 @@ def split_files(root: str) -> dict[str, str]:
         f"wikitext/wikitext-2-v1.zip) into it")
 
 
-def check(cfg) -> dict[str, str]:
-    """The split files (see split_files), once the options and the files are found usable."""
-    eval_split = cfg.get("eval_split", "valid")
-    if eval_split not in ("valid", "test"):
-        raise ConfigError("dataset.eval_split", f"must be 'valid' or 'test', got {eval_split!r}")
-    files = split_files(str(cfg.get("root", "data/wikitext-2")))
+def check(settings: WikiTextSettings) -> dict[str, str]:
+    """The split files (see split_files), once they are found usable."""
+    files = split_files(settings.root)
     for split, path in files.items():
         if _is_empty(path):
             raise ConfigError("dataset.root", f"{path} is empty (no words): the {split} split of "
@@ -77,12 +75,11 @@ def tokenize(paths: list[str], lowercase: bool = False) -> tuple[list[torch.Tens
     return streams, vocabulary
 
 
-def build(cfg, seed: int) -> DataBundle:
-    files = check(cfg)
-    eval_split = cfg.get("eval_split", "valid")
-    lowercase = bool(cfg.get("lowercase", False))
+def build(settings: WikiTextSettings, seed: int) -> DataBundle:
+    files = check(settings)
+    eval_split, lowercase = settings.eval_split, settings.lowercase
     streams, vocabulary = tokenize([files[s] for s in SPLITS], lowercase)
     by_split = dict(zip(SPLITS, streams))
     notes = f"eval on {eval_split}" + (", lower-cased" if lowercase else "")
-    return make_bundle(cfg, cfg["name"], by_split["train"], by_split[eval_split],
+    return make_bundle(settings, by_split["train"], by_split[eval_split],
                        vocab_size=len(vocabulary), notes=notes)

@@ -28,9 +28,9 @@ class TrainerSettings(Settings):
     nan_policy: str = option(Options.choice, ("stop", "continue"))
     allow_config_change: bool = option(Options.flag)
     num_workers: int | str = option(lambda o, k: "auto" if o.get(k) == "auto" else o.integer(k, minimum=0))
-    checkpoint: bool = option(Options.get)
-    reshuffle_each_epoch: bool = option(Options.get)
-    deterministic: bool = option(Options.get)
+    checkpoint: bool = option(Options.flag)
+    reshuffle_each_epoch: bool = option(Options.flag)
+    deterministic: bool = option(Options.flag)
     precision: str = option(Options.choice, ("fp32", "bf16", "fp16"))  # engine/precision.py
     channels_last: bool = option(Options.flag)  # NHWC conv weights and inputs (image models)
 
@@ -53,9 +53,9 @@ class OptimSettings(Settings):
     reference_batch: float = option(Options.number, low=1, closed="low")
     clip_grad_norm: float | None = option(Options.number, optional=True)
     clip_point: str = option(Options.choice, ("local", "averaged"))
-    nesterov: bool = option(Options.get)
+    nesterov: bool = option(Options.flag)
     decay_at: list | None = option(Options.get)  # epochs, or fractions of the run
-    official_off_by_one: bool = option(Options.get)
+    official_off_by_one: bool = option(Options.flag)
     official_decay_compare: list | None = option(Options.get, None)  # absent: '>' at every decay
 
 
@@ -66,4 +66,4 @@ class DistSettings(Settings):
     backend: str = option(Options.choice, ("auto", "gloo", "nccl"))
     launcher: str = option(Options.choice, ("auto", "spawn", "env"))
     master_addr: str = option(Options.get)
-    timeout_s: int = option(Options.get)
+    timeout_s: int = option(Options.integer)  # collective timeout

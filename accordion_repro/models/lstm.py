@@ -26,8 +26,8 @@ def detach_hidden(hidden):
 
 
 class LSTMLanguageModel(nn.Module):
-    def __init__(self, vocab_size: int, *, num_layers: int = 3, hidden_size: int = 650,
-                 embedding_size: int = 650, tied: bool = True, dropout: float = 0.4):
+    def __init__(self, vocab_size: int, *, num_layers: int, hidden_size: int,
+                 embedding_size: int, tied: bool, dropout: float):
         super().__init__()
         if tied and embedding_size != hidden_size:
             raise ConfigError(

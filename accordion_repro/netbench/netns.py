@@ -10,7 +10,6 @@ by the next start, while a concurrent run on the same host is left alone.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import re
 import shutil
@@ -21,15 +20,12 @@ from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
 from accordion_repro.errors import ConfigError
-from accordion_repro.utils import pid_alive
+from accordion_repro.utils import die_with_parent, pid_alive
 
 PREFIX = "accbench-"
 SUBNET_ADDRESSES = ("10.77.0.1", "10.77.0.2")
 SUBNET_PREFIX_LEN = 30
 DEVICE_NAMES = ("accbench0", "accbench1")
-
-_PR_SET_PDEATHSIG = 1
-
 
 # Rates and durations as people type them on a command line: 100mbit, 1gbit, 0.5ms.
 _RATE_UNITS = {"": 1.0, "bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
@@ -179,14 +175,6 @@ def cleanup_leftovers(prefix: str = PREFIX) -> list[str]:
     return removed
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Runs in the child before exec: a SIGKILLed parent takes its ranks with it."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent_pid:
-        os._exit(1)
-
-
 class NamespacePair:
     """Namespaces `a` and `b`, a veth pair between them, addresses from a private /30.
 
@@ -253,7 +241,7 @@ class NamespacePair:
         proc = subprocess.Popen(
             ["ip", "netns", "exec", self.namespaces[side], *argv],
             env=dict(env) if env is not None else None, stdout=stdout, stderr=stderr, cwd=cwd,
-            start_new_session=True, preexec_fn=lambda: _die_with_parent(parent),
+            start_new_session=True, preexec_fn=lambda: die_with_parent(parent_pid=parent),
         )
         self._children.append(proc)
         return proc

@@ -44,7 +44,7 @@ class Transition(nn.Sequential):
 
 class DenseNet(nn.Module):
     def __init__(self, num_classes: int, growth_rate: int = 12,
-                 blocks=(6, 12, 24, 16), reduction: float = 0.5, width: float = 1.0):
+                 blocks=(6, 12, 24, 16), reduction: float = 0.5, *, width: float):
         super().__init__()
         growth_rate = scaled_channels(growth_rate, width)
         channels = 2 * growth_rate

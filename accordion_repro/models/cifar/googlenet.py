@@ -55,7 +55,7 @@ class Inception(nn.Module):
 
 
 class GoogLeNet(nn.Module):
-    def __init__(self, num_classes: int, width: float = 1.0):
+    def __init__(self, num_classes: int, *, width: float):
         super().__init__()
         channels = scaled_channels(STEM_CHANNELS, width)
         layers: list[nn.Module] = [biased_conv(3, channels, 3)]

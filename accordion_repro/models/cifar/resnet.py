@@ -33,6 +33,6 @@ class ResNet18(ResidualNet):
     """`width` multiplies every channel count so CPU runs can use a smaller network of the same
     shape; width=1.0 is the paper's model."""
 
-    def __init__(self, num_classes: int, width: float = 1.0):
+    def __init__(self, num_classes: int, *, width: float):
         super().__init__(BasicBlock, [scaled_channels(c, width) for c in BASE_STAGE_CHANNELS],
                          num_classes, bias=False)

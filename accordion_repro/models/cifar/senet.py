@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..settings import SE_REDUCTION
 from .layers import ResidualNet, conv_bn, projection_shortcut, scaled_channels
 
 FIRST_STAGES_CHANNELS = (64, 128, 256)
-SE_REDUCTION = 16
 MIN_SE_HIDDEN = 4
 
 
@@ -59,7 +59,7 @@ class SEBasicBlock(nn.Module):
 
 
 class SENet18(ResidualNet):
-    def __init__(self, num_classes: int, stage4_channels: int = 512, width: float = 1.0):
+    def __init__(self, num_classes: int, *, stage4_channels: int, width: float):
         super().__init__(SEBasicBlock, [scaled_channels(c, width)
                                         for c in (*FIRST_STAGES_CHANNELS, stage4_channels)],
                          num_classes, bias=True)

@@ -62,7 +62,7 @@ def he_init_convs(module: nn.Module) -> None:
 
 
 class VGG19BN(nn.Module):
-    def __init__(self, num_classes: int, width: float = 1.0):
+    def __init__(self, num_classes: int, *, width: float):
         super().__init__()
         self.features, channels = vgg_trunk(width=width)
         wide = num_classes >= WIDE_HEAD_MIN_CLASSES

@@ -1,0 +1,41 @@
+"""Each model's options (`model.*`), one default each: the paper's model.
+
+Models are also built without Hydra (tests, benchmarks), so the defaults live here and conf/
+gets them through `_defaults/model/<name>` (config.py register_defaults). A run that changes a
+size option trains a reduced model, which the analysis reads off these defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..options import Options, Settings, option
+
+SE_REDUCTION = 16  # squeeze-excitation gate: channels // 16 hidden units
+
+
+@dataclass(frozen=True, kw_only=True)
+class WidthSettings(Settings):
+    SECTION = "model"
+    width: float = option(Options.number, default=1.0)  # channel multiplier; 1.0: the paper's
+
+
+@dataclass(frozen=True, kw_only=True)
+class SENetSettings(WidthSettings):
+    # The official code has 516 stage-4 channels (a typo); 512 is the intended width, 516
+    # reproduces the released model exactly.
+    stage4_channels: int = option(Options.integer, minimum=SE_REDUCTION, default=512)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LSTMSettings(Settings):
+    SECTION = "model"
+    num_layers: int = option(Options.integer, default=3)
+    hidden_size: int = option(Options.integer, default=650)
+    embedding_size: int = option(Options.integer, default=650)
+    tied: bool = option(Options.flag, default=True)  # decoder shares the embedding matrix
+    dropout: float = option(Options.number, closed="low", high=1.0, default=0.4)
+
+
+# The options that scale a model down from the paper's (the analysis names a run that changes one).
+SIZE_OPTIONS = ("width", "stage4_channels", "num_layers", "hidden_size", "embedding_size")
