@@ -20,16 +20,17 @@ import shlex
 import sys
 from pathlib import Path
 
-from accordion_repro.errors import ConfigError
-from accordion_repro.netbench.netns import (LinkSpec, NetbenchUnavailable, missing_requirement,
-                                             parse_bandwidth, parse_duration)
-from accordion_repro.netbench.driver import assemble, measure
-from accordion_repro.netbench.ranks import RanksFailed
-from accordion_repro.netbench.report import off_rows, write
-from accordion_repro.utils import atomic_write_text
-from accordion_repro.netbench.study import study_families
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # benchmarks/ sits beside the package, not in it
+
+from accordion_repro.errors import ConfigError  # noqa: E402
+from accordion_repro.utils import atomic_write_text  # noqa: E402
+from benchmarks.netbench.driver import assemble, measure  # noqa: E402
+from benchmarks.netbench.netns import (LinkSpec, NetbenchUnavailable,  # noqa: E402
+                                       missing_requirement, parse_bandwidth, parse_duration)
+from benchmarks.netbench.ranks import RanksFailed  # noqa: E402
+from benchmarks.netbench.report import off_rows, write  # noqa: E402
+from benchmarks.netbench.study import study_families  # noqa: E402
 
 
 def parse_args(argv):

@@ -534,7 +534,7 @@ class TwoNodeSlurmCluster(SlurmCluster):
     NODE = "nodea"
 
     def __init__(self, directory: Path):
-        from accordion_repro.netbench.netns import NamespacePair
+        from benchmarks.netbench.netns import NamespacePair
 
         super().__init__(directory)
         self.pair = NamespacePair("slurm")
@@ -621,7 +621,7 @@ class TwoNodeSlurmCluster(SlurmCluster):
             self.pair.teardown()
 
     def system_changes(self) -> list[str]:
-        from accordion_repro.netbench.netns import list_namespaces
+        from benchmarks.netbench.netns import list_namespaces
 
         left = [f"namespace {ns} (and its veth end) left" for ns in self.pair.namespaces
                 if ns in list_namespaces()]
@@ -644,7 +644,7 @@ def _running_cluster(cls: type[SlurmCluster]):
         pytest.skip("the Slurm tests need root: they may apt-get install slurm-wlm and munge, "
                     "and slurmd runs jobs as root")
     if cls is TwoNodeSlurmCluster:
-        from accordion_repro.netbench.netns import missing_requirement
+        from benchmarks.netbench.netns import missing_requirement
 
         missing = missing_requirement()
         if missing:

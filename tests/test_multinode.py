@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from accordion_repro.netbench.netns import NamespacePair, list_namespaces, missing_requirement
+from benchmarks.netbench.netns import NamespacePair, list_namespaces, missing_requirement
 from conftest import REPO, read_metrics, read_summary
 
 MISSING = missing_requirement()

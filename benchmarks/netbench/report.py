@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Sequence
 
 from accordion_repro.analysis.costmodel import Network
-from accordion_repro.netbench.bench import predicted_step
-from accordion_repro.netbench.driver import BenchmarkResult, StepRow
-from accordion_repro.netbench.study import STATIC_LOW, Family, signature
-from accordion_repro.netbench.wholerun import whole_runs
+from benchmarks.netbench.bench import predicted_step
+from benchmarks.netbench.driver import BenchmarkResult, StepRow
+from benchmarks.netbench.study import STATIC_LOW, Family, signature
+from benchmarks.netbench.wholerun import whole_runs
 from accordion_repro.utils import atomic_write_text
 
 TOLERANCE = 0.15  # the cost model's target on every row

@@ -8,9 +8,10 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from accordion_repro.netbench.netns import NamespacePair
+from benchmarks.netbench.netns import NamespacePair
 
 DEFAULT_PORT = 29577
+REPO = Path(__file__).resolve().parents[2]
 
 
 class RanksFailed(RuntimeError):
@@ -25,6 +26,8 @@ def rank_environment(pair: NamespacePair, rank: int, *, port: int) -> dict[str, 
         MASTER_ADDR=pair.addresses[0], MASTER_PORT=str(port),
         GLOO_SOCKET_IFNAME=pair.devices[rank],
         OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
+        # `python -m benchmarks.netbench...` from any working directory
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
     )
     return env
 

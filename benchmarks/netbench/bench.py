@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from accordion_repro.analysis.costmodel import Network, step_comm_time
-from accordion_repro.netbench.allreduce_probe import AllreduceMeasurement, measure_shaped_allreduce
-from accordion_repro.netbench.netns import LinkSpec, NamespacePair, ShapingReport
-from accordion_repro.netbench.ranks import python_argv, run_two_ranks
-from accordion_repro.netbench.study import Run
+from benchmarks.netbench.allreduce_probe import AllreduceMeasurement, measure_shaped_allreduce
+from benchmarks.netbench.netns import LinkSpec, NamespacePair, ShapingReport
+from benchmarks.netbench.ranks import python_argv, run_two_ranks
+from benchmarks.netbench.study import Run
 
 WORKERS = 2
 TIMED_EPOCHS = 3  # after one warm-up epoch
