@@ -136,21 +136,21 @@ def command(preset: str, seed: int, data: Path, out: Path, extra: list[str],
     else:
         dataset = ["dataset=npz"]
     experiment, variant = VARIANTS.get(preset, (preset, []))
-    windows = []
+    schedule = []  # the schedule's overrides this study gives this cell
     if study == "cpu_full" and preset in FIG2_WINDOWS:
-        windows = [f"schedule.windows={FIG2_WINDOWS[preset]}", "schedule.inside=1",
+        schedule = [f"schedule.windows={FIG2_WINDOWS[preset]}", "schedule.inside=1",
                    "schedule.outside=2"]
     if study == "cpu_long" and preset == FIG2_REFERENCE:
-        windows = ["schedule.detect=true"]
+        schedule = ["schedule.detect=true"]
     if study == "cpu_long" and preset in FIG2_ARMS:
         plan = fig2_plan(runs, seed)
         if plan is None:
             raise PlanNotReady(f"{preset} seed {seed} needs {FIG2_REFERENCE} seed {seed} first")
-        windows = [*plan.overrides(FIG2_ARMS[preset]), "schedule.inside=1", "schedule.outside=2"]
+        schedule = [*plan.overrides(FIG2_ARMS[preset]), "schedule.inside=1", "schedule.outside=2"]
     return [sys.executable, "-m", "accordion_repro.train", f"experiment={experiment}",
             f"scale={STUDIES[study]['scale']}", *dataset, f"paths.data_dir={data}", f"seed={seed}",
             "logger.wandb.mode=disabled", "trainer.progress=never", f"hydra.run.dir={out}",
-            *windows, *variant, *extra]
+            *schedule, *variant, *extra]
 
 
 class PlanNotReady(RuntimeError):

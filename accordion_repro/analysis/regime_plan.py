@@ -28,7 +28,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..accordion.schedules import BATCH_DECISIONS
+from ..accordion.schedules import BATCH_DECISIONS, _batch_decision
 from .collect import RunDirectoryError, read_metrics
 
 RULE = ("outside: per LR phase, as many epochs as the inside arm has there, the latest ones the "
@@ -52,16 +52,6 @@ class RegimePlan:
         return ["schedule.windows=" + json.dumps(windows).replace(" ", "")]
 
 
-def _decide(flags: list[bool], decision: str) -> bool:
-    """One model-wide flag from a static detect run's flags (per layer, then the model's)."""
-    layers, model = flags[:-1], flags[-1]
-    if decision == "model_norm":
-        return bool(model)
-    if decision == "any":
-        return any(layers)
-    return 2 * sum(layers) > len(layers)
-
-
 def held_critical(records: list[dict], decision: str = "model_norm") -> list[bool]:
     """Whether each epoch of a detect run ran inside a critical regime.
 
@@ -77,7 +67,8 @@ def held_critical(records: list[dict], decision: str = "model_norm") -> list[boo
             raise RunDirectoryError(
                 f"epoch {record['epoch']} has no per-layer and whole-model detector flags; the "
                 "reference must be a static run with schedule.detect=true")
-        held.append(_decide(report["critical"], decision))
+        flags = report["critical"]  # per layer, then the whole model's
+        held.append(_batch_decision(flags if decision == "model_norm" else flags[:-1], decision))
     return held
 
 
