@@ -85,10 +85,12 @@ register_defaults()
 
 def world_size_of(cfg: Mapping) -> int:
     """The number of ranks this config will run on (environment of torchrun / Slurm first)."""
+    from accordion_repro.engine.settings import DistSettings
     from accordion_repro.env import env_world_size
 
-    env = env_world_size() if cfg["dist"].get("launcher", "auto") != "spawn" else None
-    return env if env is not None else int(cfg["dist"]["nproc_per_node"])
+    settings = DistSettings.from_config(cfg["dist"])
+    env = env_world_size() if settings.launcher != "spawn" else None
+    return env if env is not None else settings.nproc_per_node
 
 
 def _require(cond: bool, key: str, message: str) -> None:
@@ -117,7 +119,7 @@ def validate(cfg: DictConfig) -> None:
 
     from accordion_repro.engine.lr import build_epoch_lr
     from accordion_repro.engine.settings import DistSettings, TrainerSettings
-    from accordion_repro.options import Options
+    from accordion_repro.runlog import WandbSettings
 
     t = TrainerSettings.from_config(c["trainer"])
     # reads optim through OptimSettings, then checks optim.decay_at and official_decay_compare;
@@ -131,7 +133,7 @@ def validate(cfg: DictConfig) -> None:
     DistSettings.from_config(c["dist"])
     model = dict(c["model"])
     MODEL_SETTINGS[model.pop("name")].from_config(model, owner=f"model {model_name!r}")
-    Options("logger.wandb", c["logger"]["wandb"]).choice("mode", ("offline", "online", "disabled"))
+    WandbSettings.from_config(c["logger"]["wandb"])
 
     is_text = c["model"]["name"] == "lstm"
     dataset_is_text = c["dataset"]["name"] in ("wikitext2", "synthetic_text")

@@ -11,10 +11,40 @@ import json
 import math
 import os
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from accordion_repro.options import Options, Settings, option
 from accordion_repro.utils import atomic_write_text
+
+
+def _text(o: Options, name: str, *, optional: bool = False) -> str | None:
+    value = o.get(name)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or not value:
+        raise o.error(name, f"must be a non-empty string{' or null' if optional else ''}, got {value!r}")
+    return value
+
+
+def _tags(o: Options, name: str) -> tuple[str, ...]:
+    value = o.get(name)
+    if not isinstance(value, (list, tuple)) or not all(isinstance(tag, str) for tag in value):
+        raise o.error(name, f"must be a list of strings, got {value!r}")
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class WandbSettings(Settings):
+    """logger.wandb: where the run's wandb mirror goes (the local files stay the record)."""
+
+    SECTION = "logger.wandb"
+    mode: str = option(Options.choice, ("offline", "online", "disabled"))
+    project: str = option(_text)
+    entity: str | None = option(_text, optional=True)
+    group: str | None = option(_text, optional=True)
+    tags: tuple[str, ...] = option(_tags)
 
 
 def _jsonable(value: Any) -> Any:
@@ -45,22 +75,22 @@ def write_summary(run_dir: Path, summary: dict) -> None:
 
 
 class RunLogger:
-    def __init__(self, run_dir: Path, *, config: dict, wandb_cfg: dict, wandb_id: str | None):
+    def __init__(self, run_dir: Path, *, config: dict, wandb: WandbSettings, wandb_id: str | None):
         self.run_dir = Path(run_dir)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.summary: dict[str, Any] = read_summary(self.run_dir)
         self._wandb = None
         self.wandb_id = wandb_id
-        if wandb_cfg["mode"] == "disabled":
+        if wandb.mode == "disabled":
             return
-        import wandb
+        import wandb as wandb_sdk
 
         os.environ.setdefault("WANDB_SILENT", "true")
         self.wandb_id = wandb_id or secrets.token_hex(6)
-        self._wandb = wandb.init(
-            project=wandb_cfg["project"], entity=wandb_cfg.get("entity"), group=wandb_cfg.get("group"),
-            tags=list(wandb_cfg.get("tags") or []), mode=wandb_cfg["mode"], dir=str(self.run_dir),
-            id=self.wandb_id, resume="allow", config=config, name=config["run"]["name"],
+        self._wandb = wandb_sdk.init(
+            project=wandb.project, entity=wandb.entity, group=wandb.group, tags=list(wandb.tags),
+            mode=wandb.mode, dir=str(self.run_dir), id=self.wandb_id, resume="allow", config=config,
+            name=config["run"]["name"],
         )
 
     def truncate_from(self, epoch: int) -> None:

@@ -118,6 +118,10 @@ def test_wandb_offline_run_keeps_its_id_across_a_resume(tmp_path):
     ("dataset.pipeline=gpu", "dataset.pipeline"),
     ("+dataset.agument=false", "dataset.agument"),
     ("model.width=0", "model.width"),
+    ("logger.wandb.mode=public", "logger.wandb.mode"),
+    ("logger.wandb.tags=oops", "logger.wandb.tags"),
+    ("logger.wandb.project=''", "logger.wandb.project"),
+    ("dist.launcher=mpi", "dist.launcher"),
 ])
 def test_bad_values_are_rejected_with_their_key(override, key):
     from accordion_repro.config import validate

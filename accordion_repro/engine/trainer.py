@@ -36,7 +36,7 @@ from accordion_repro.engine.settings import OptimSettings, TrainerSettings
 from accordion_repro.engine.tasks import build_task
 from accordion_repro.env import local_cuda_device
 from accordion_repro.errors import ConfigWarning, TrainingDiverged
-from accordion_repro.runlog import NullRunLogger, RunLogger
+from accordion_repro.runlog import NullRunLogger, RunLogger, WandbSettings
 from accordion_repro.models import build_model, count_parameters
 
 
@@ -114,8 +114,9 @@ class Trainer:
         self.totals = {"floats": 0, "bytes": 0, "train_time_s": 0.0}
         self.metric_lines: list[str] = []  # rank 0: every metrics.jsonl line so far
         self._resume()
-        self.logger = RunLogger(self.run_dir, config=cfg, wandb_cfg=cfg["logger"]["wandb"],
-                                wandb_id=self.wandb_id) if self.rank == 0 else NullRunLogger()
+        self.logger = RunLogger(
+            self.run_dir, config=cfg, wandb=WandbSettings.from_config(cfg["logger"]["wandb"]),
+            wandb_id=self.wandb_id) if self.rank == 0 else NullRunLogger()
         self.logger.truncate_from(self.start_epoch)
 
     # ----------------------------------------------------------------------------------- set-up
