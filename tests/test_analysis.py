@@ -679,6 +679,9 @@ def test_plateau_reports_each_lr_phases_last_third_and_its_trend():
     assert ends[0].trend == pytest.approx(-1.0) and not ends[0].flat(0.5)
     assert ends[1].trend == pytest.approx(0.2) and ends[1].flat(0.5)
     assert ends[2].trend == pytest.approx(0.0)
+    # a last phase of one epoch (a decay at the final epoch) has no trend: it is left out
+    one_epoch = [*records, {"epoch": 11, "lr": 0.0001, "test_acc": 71.5}]
+    assert [end.epochs for end in phase_ends(one_epoch)] == [(4, 5), (7, 8), (9, 10)]
 
 
 @pytest.mark.parametrize("case", ["per_phase", "shortfall", "impossible"])

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
 import re
+
+import pytest
 
 from conftest import REPO
 
@@ -52,8 +55,12 @@ def _results_section() -> str:
 
 def _committed_numbers() -> set[str]:
     """Every accuracy of every epoch of the committed studies' finished runs (every scale), their
-    floats totals (millions, one decimal) and every number in the tables `make figures` built."""
+    floats totals (millions, one decimal), the plateau figures of their LR phases (the trend and
+    range over each phase's last third, analysis/plateau.py) and every number in the tables
+    `make figures` built."""
     import json
+
+    from accordion_repro.analysis.plateau import phase_ends
 
     known = set()
     for summary_path in (REPO / "results" / "runs").glob("*/*/*/seed*/summary.json"):
@@ -61,10 +68,12 @@ def _committed_numbers() -> set[str]:
         if summary.get("status") != "completed":
             continue
         known.add(f"{summary['total_floats_sent'] / 1e6:.1f}")
-        for line in (summary_path.parent / "metrics.jsonl").read_text().splitlines():
-            record = json.loads(line)
-            if "test_acc" in record:
-                known.add(f"{record['test_acc']:.2f}")
+        records = [json.loads(line) for line in
+                   (summary_path.parent / "metrics.jsonl").read_text().splitlines()]
+        known.update(f"{record['test_acc']:.2f}" for record in records if "test_acc" in record)
+        if all(isinstance(record.get("test_acc"), float) for record in records):
+            for end in phase_ends(records):
+                known.update((f"{abs(end.trend):.2f}", f"{end.spread:.2f}"))
     for table in (REPO / "results" / "tables").glob("*.md"):
         known.update(re.findall(r"\d[\d,]*\.\d+", table.read_text()))
     return {number.replace(",", "") for number in known}
@@ -82,6 +91,57 @@ def test_every_result_in_the_readme_comes_from_a_committed_run_or_table():
     assert len(accuracies) > 20 and len(cells) > 20
     assert sorted(set(accuracies) - known) == []
     assert sorted(set(cells) - known) == []
+
+
+DERIVED = re.compile(r"(?<![\w.])(\d+\.\d+)(?:[ -]points?\b| ?x\b)")  # "0.70 point", "1.8x"
+
+
+def _unexplained_derived(text: str, known: set[str]) -> tuple[list[str], int]:
+    """(the derived numbers of `text` that are not explained, how many there are): a difference
+    ("0.70 point") or ratio ("1.8x") is explained when it is itself a committed number, or the
+    difference or ratio, rounded to the decimals shown, of two committed numbers stated in the
+    same paragraph (so that a reader can redo it)."""
+    unexplained, count = [], 0
+    for paragraph in re.split(r"\n\s*\n", text):
+        stated = sorted(float(n) for n in (m.replace(",", "") for m in
+                                           re.findall(r"(?<![\w.])\d[\d,]*\.\d+", paragraph))
+                        if n in known)
+        for value in DERIVED.findall(paragraph):
+            count += 1
+            if value in known:
+                continue
+            half = 0.5 * 10.0 ** -len(value.split(".")[1]) + 1e-9
+            target = float(value)
+
+            def stated_within(low: float, high: float) -> bool:
+                i = bisect.bisect_left(stated, low)
+                return i < len(stated) and stated[i] <= high
+
+            if not any(stated_within(b + target - half, b + target + half)
+                       or (b > 0 and stated_within(b * (target - half), b * (target + half)))
+                       for b in stated):
+                unexplained.append(value)
+    return unexplained, count
+
+
+def _central_claim_section() -> str:
+    return _results_section().split("### The central-claim study", 1)[1].split("\n### ", 1)[0]
+
+
+@pytest.mark.parametrize("text, unexplained", [
+    ("85.79 % against 85.09 %: 0.70 point below.", []),
+    ("85.79 % against 85.09 %: 0.80 point below.", ["0.80"]),
+    ("45.00 % against 90.00 %: 2.0x, and 2.1x.", ["2.1"]),
+], ids=["difference", "a-wrong-difference", "ratio-and-a-wrong-ratio"])
+def test_a_derived_number_must_be_redone_from_the_numbers_beside_it(text, unexplained):
+    assert _unexplained_derived(text, {"85.79", "85.09", "45.00", "90.00"})[0] == unexplained
+
+
+def test_every_derived_number_of_the_central_claim_section_is_redone_from_committed_numbers():
+    """`scale=cpu_long`'s section: each difference ("0.4 point") and ratio ("1.8x") is a
+    committed number or is computed from two committed numbers it states beside it."""
+    unexplained, count = _unexplained_derived(_central_claim_section(), _committed_numbers())
+    assert count >= 4 and unexplained == []
 
 
 def test_committed_tables_are_what_make_figures_builds_from_the_committed_runs(tmp_path):

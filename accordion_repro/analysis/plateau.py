@@ -40,11 +40,14 @@ class PhaseEnd:
 
 
 def phase_ends(records: list[dict], metric: str = "test_acc") -> list[PhaseEnd]:
-    """One PhaseEnd per LR phase of a run's metrics.jsonl records."""
+    """One PhaseEnd per LR phase of a run's metrics.jsonl records (a phase of a single epoch
+    has no trend and is left out)."""
     phases = lr_phases(records)
     ends = []
     for phase in sorted(set(phases)):
         epochs = [r["epoch"] for r, p in zip(records, phases) if p == phase]
+        if len(epochs) < 2:
+            continue
         tail = epochs[-max(2, math.ceil(len(epochs) / 3)):]
         acc = np.array([records[e][metric] for e in tail], dtype=float)
         slope = np.polyfit(np.arange(len(tail)), acc, 1)[0]
