@@ -18,11 +18,16 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Two workers, each test file whole on one of them (its module fixtures are built once), the
+# longest files first (tests/conftest.py): the suite mostly waits on subprocesses and daemons,
+# so two workers use both cores.
+PYTEST  := $(PYTHON) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+
 test: $(STAMP)
-	$(PYTHON) -m pytest -q
+	$(PYTEST)
 
 test-fast: $(STAMP)
-	$(PYTHON) -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 # Two gloo ranks train ResNet-18 on the offline synthetic CIFAR-10 for 4 short epochs (6 steps
 # each; 4 epochs, so that the LR decays at 1/2 and 5/6 of the run fall on epochs 2 and 3).

@@ -24,6 +24,21 @@ torch.set_num_threads(1)
 os.environ.setdefault("WANDB_SILENT", "true")
 
 
+# The files that take longest (Slurm clusters, two hosts, kills and resumes), longest first.
+# `make test` runs two workers that each take whole files in collection order: starting these
+# first lets the short files fill the other worker, so both finish at about the same time.
+LONGEST_FILES = ("test_slurm.py", "test_multinode.py", "test_run_integrity.py",
+                 "test_gpu_check.py", "test_netbench_wholerun.py", "test_sweeps.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        name = item.path.name
+        return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
+
+    items.sort(key=rank)  # stable: the order within a file and among the others is kept
+
+
 def load_script(name: str):
     """scripts/<name>.py as a module (the scripts are not a package)."""
     import importlib.util
@@ -246,9 +261,12 @@ class SlurmCluster:
         while slurmd_port == ctld_port:
             slurmd_port = free_port()
         d = self.dir
+        node_lines = "\n".join(
+            f"NodeName={name} NodeAddr={addr} CPUs={cpus} RealMemory={memory} Gres=gpu:{gpus} "
+            f"State=UNKNOWN" for name, addr, gpus in self.node_table())
         self.conf.write_text(f"""\
 ClusterName=accordiontest
-SlurmctldHost={self.NODE}
+SlurmctldHost={self.controller_host()}
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort={ctld_port}
@@ -262,9 +280,9 @@ CredType=cred/munge
 StateSaveLocation={d}/state
 SlurmdSpoolDir={d}/spool/%n
 SlurmctldPidFile={d}/run/slurmctld.pid
-SlurmdPidFile={d}/run/slurmd.pid
+SlurmdPidFile={d}/run/slurmd{self.PER_NODE}.pid
 SlurmctldLogFile={d}/log/slurmctld.log
-SlurmdLogFile={d}/log/slurmd.log
+SlurmdLogFile={d}/log/slurmd{self.PER_NODE}.log
 # no cgroups in a container: track processes by parentage, bind no CPUs
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -288,12 +306,23 @@ MinJobAge=600
 KillWait=5
 Waittime=0
 GresTypes=gpu
-NodeName={self.NODE} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory} Gres=gpu:2 State=UNKNOWN
-PartitionName={self.PARTITION} Nodes={self.NODE} Default=YES MaxTime=INFINITE State=UP
+{node_lines}
+PartitionName={self.PARTITION} Nodes={",".join(name for name, _, _ in self.node_table())} Default=YES MaxTime=INFINITE State=UP
 """)
-        # Two stand-in GPUs: Slurm only counts them (SLURM_GPUS_ON_NODE); the runs use the CPU.
-        (self.dir / "gres.conf").write_text(f"NodeName={self.NODE} Name=gpu File=/dev/null\n"
-                                            f"NodeName={self.NODE} Name=gpu File=/dev/zero\n")
+        # Stand-in GPUs: Slurm only counts them (SLURM_GPUS_ON_NODE); the runs use the CPU.
+        (self.dir / "gres.conf").write_text("".join(
+            f"NodeName={name} Name=gpu File={device}\n" for name, _, gpus in self.node_table()
+            for device in ("/dev/null", "/dev/zero")[:gpus]))
+
+    # one node here; TwoNodeSlurmCluster overrides these three
+    PER_NODE = ""  # suffix of slurmd's pid and log files ("-%n": one per node)
+
+    def controller_host(self) -> str:
+        return self.NODE
+
+    def node_table(self) -> list[tuple[str, str, int]]:
+        """(name, address, stand-in GPUs) of each node."""
+        return [(self.NODE, "127.0.0.1", 2)]
 
     def _start(self, name: str, command: list[str]) -> None:
         import subprocess
@@ -551,23 +580,13 @@ class TwoNodeSlurmCluster(SlurmCluster):
                 f'mount --bind {self.hosts} /etc/hosts && hostname {self.NODES[side]} && exec "$@"',
                 "sh", *command]
 
-    def write_config(self) -> None:
-        super().write_config()
-        a, b = self.pair.addresses
-        nodes = ",".join(self.NODES)
-        text = self.conf.read_text()
-        text = text.replace(f"SlurmctldHost={self.NODE}\n", f"SlurmctldHost={self.NODE}({a})\n")
-        text = text.replace("SlurmdPidFile=", "SlurmdPidFile=").replace(
-            "/run/slurmd.pid", "/run/slurmd-%n.pid").replace("/log/slurmd.log", "/log/slurmd-%n.log")
-        node_line = next(line for line in text.splitlines() if line.startswith("NodeName="))
-        memory = re.search(r"RealMemory=(\d+)", node_line).group(1)
-        text = text.replace(node_line, "\n".join(
-            f"NodeName={name} NodeAddr={addr} CPUs={self.cpus} RealMemory={memory} Gres=gpu:1 "
-            f"State=UNKNOWN" for name, addr in zip(self.NODES, self.pair.addresses)))
-        text = text.replace(f"Nodes={self.NODE} ", f"Nodes={nodes} ")
-        self.conf.write_text(text)
-        (self.dir / "gres.conf").write_text("".join(f"NodeName={name} Name=gpu File=/dev/null\n"
-                                                    for name in self.NODES))
+    PER_NODE = "-%n"
+
+    def controller_host(self) -> str:
+        return f"{self.NODE}({self.pair.addresses[0]})"
+
+    def node_table(self) -> list[tuple[str, str, int]]:
+        return [(name, addr, 1) for name, addr in zip(self.NODES, self.pair.addresses)]
 
     def start(self) -> "TwoNodeSlurmCluster":
         import subprocess
