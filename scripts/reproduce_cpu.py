@@ -16,7 +16,7 @@ Two studies (`--study`):
 Each run is the ordinary CLI command (printed before it starts), so any row can be rerun by
 hand. Finished runs are skipped, an interrupted one resumes from its checkpoint, and
 checkpoints are deleted once a run completes (results/ keeps resolved.yaml, metrics.jsonl and
-summary.json). Wall times go to <runs>/timings.csv.
+summary.json). Wall times go to <runs>/timings.csv, a resumed run's with every attempt's.
 
     python scripts/reproduce_cpu.py [--study cpu|cpu_full] [--seeds 42 43] [--data DIR]
                                     [--dry-run] [--only PATTERN ...]
@@ -206,8 +206,6 @@ def main() -> int:
         print(f"error: the real data is not at {args.data / study['data_check']} (docs/data.md "
               f"says where it comes from and how to build it); pass --data", file=sys.stderr)
         return 2
-    timings = runs / "timings.csv"
-    rows = list(csv.DictReader(timings.open())) if timings.exists() else []
     start_all = time.perf_counter()
     for preset, seed in run_order(args.study, args.seeds, args.only):
         out = run_dir(runs, preset, seed)
@@ -224,7 +222,8 @@ def main() -> int:
             continue
         start = time.perf_counter()
         result = subprocess.run(argv, cwd=REPO)
-        elapsed = time.perf_counter() - start
+        elapsed = add_wall_time(runs, preset, seed, time.perf_counter() - start,
+                                finished=result.returncode == 0)
         if result.returncode != 0:
             print(f"error: {preset} seed {seed} failed (exit {result.returncode}); rerun to resume",
                   file=sys.stderr)
@@ -234,18 +233,42 @@ def main() -> int:
         log = out / "train.log"  # Hydra's job log, empty: the trainer prints to stdout
         if log.exists() and log.stat().st_size == 0:
             log.unlink()
+        print(f"{preset} seed {seed}: {elapsed / 60:.1f} min", flush=True)
+    if not args.dry_run:
+        timings = runs / "timings.csv"
+        rows = list(csv.DictReader(timings.open())) if timings.exists() else []
+        print(f"total: {(time.perf_counter() - start_all) / 60:.1f} min this invocation; "
+              f"{sum(float(r['wall_s']) for r in rows) / 60:.1f} min over all timed runs")
+    return 0
+
+
+def add_wall_time(runs: Path, preset: str, seed: int, seconds: float, *, finished: bool) -> float:
+    """Add one attempt's wall time to its run's; the run's total so far.
+
+    An interrupted attempt's seconds wait in <runs>/timings_partial.json (not a result) until
+    the attempt that finishes the run: its row of <runs>/timings.csv is then the whole run's
+    wall time, every attempt included, not only the last one's.
+    """
+    partial_file, key = runs / "timings_partial.json", f"{preset} seed {seed}"
+    partial = json.loads(partial_file.read_text()) if partial_file.exists() else {}
+    total = partial.pop(key, 0.0) + seconds
+    if not finished:
+        partial[key] = total
+    runs.mkdir(parents=True, exist_ok=True)
+    if partial:
+        partial_file.write_text(json.dumps(partial, indent=1, sort_keys=True) + "\n")
+    else:
+        partial_file.unlink(missing_ok=True)
+    if finished:
+        timings = runs / "timings.csv"
+        rows = list(csv.DictReader(timings.open())) if timings.exists() else []
         rows = [r for r in rows if not (r["preset"] == preset and int(r["seed"]) == seed)]
-        rows.append({"preset": preset, "seed": seed, "wall_s": f"{elapsed:.1f}"})
-        timings.parent.mkdir(parents=True, exist_ok=True)
+        rows.append({"preset": preset, "seed": seed, "wall_s": f"{total:.1f}"})
         with timings.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=["preset", "seed", "wall_s"])
             writer.writeheader()
             writer.writerows(rows)
-        print(f"{preset} seed {seed}: {elapsed / 60:.1f} min", flush=True)
-    if not args.dry_run:
-        print(f"total: {(time.perf_counter() - start_all) / 60:.1f} min this invocation; "
-              f"{sum(float(r['wall_s']) for r in rows) / 60:.1f} min over all timed runs")
-    return 0
+    return total
 
 
 if __name__ == "__main__":

@@ -103,3 +103,17 @@ def test_cpu_long_figure2b_arms_wait_for_and_follow_their_seeds_detect_run(tmp_p
     plan = json.loads((runs / "fig2" / "plan_seed42.json").read_text())
     assert plan["reference"] == f"{script.FIG2_REFERENCE}/seed42"
     assert plan["critical_epochs"] == [0, 1, 15, 25, 26]
+
+
+def test_a_resumed_runs_wall_time_counts_every_attempt(tmp_path):
+    """An attempt stopped mid-run (a SIGTERM, a crash) keeps its seconds until the attempt that
+    finishes the run, whose timings.csv row is their sum; a finished run's row is replaced."""
+    add = _script().add_wall_time
+    assert add(tmp_path, "table1/x", 42, 100.0, finished=False) == 100.0
+    assert not (tmp_path / "timings.csv").exists()
+    assert add(tmp_path, "table1/x", 42, 50.5, finished=False) == 150.5
+    assert add(tmp_path, "table1/y", 42, 7.0, finished=True) == 7.0
+    assert add(tmp_path, "table1/x", 42, 30.0, finished=True) == 180.5
+    assert (tmp_path / "timings.csv").read_text().splitlines() == [
+        "preset,seed,wall_s", "table1/y,42,7.0", "table1/x,42,180.5"]
+    assert not (tmp_path / "timings_partial.json").exists()
