@@ -6,10 +6,10 @@ STAMP   := $(VENV)/.installed
 RUNS    ?= results/runs
 NET     ?= 10gbit
 
-.PHONY: install test test-fast demo figures bench bench-models bench-network gpu-check reproduce-cpu reproduce-cpu-full reproduce-cpu-long clean-demo help
+.PHONY: install test test-fast demo figures bench bench-models bench-network bench-ddp-network gpu-check reproduce-cpu reproduce-cpu-full reproduce-cpu-long clean-demo help
 
 help:
-	@echo "make install | test | demo | figures [RUNS=dir NET=10gbit] | bench | bench-network | reproduce-cpu | reproduce-cpu-full"
+	@echo "make install | test | demo | figures [RUNS=dir NET=10gbit] | bench | bench-network | bench-ddp-network | reproduce-cpu | reproduce-cpu-full"
 
 $(STAMP): pyproject.toml
 	@test -x $(PYTHON) || $(PY) -m venv $(VENV)
@@ -57,6 +57,11 @@ gpu-check: $(STAMP)
 
 bench-network: $(STAMP)
 	$(PYTHON) scripts/bench_network.py
+
+# A whole DDP step (torch's hooks and ours) across a shaped link, against the link's bound
+# (root, iproute2, tc): results/bench/ddp_network.{csv,md}; docs/network_bench.md.
+bench-ddp-network: $(STAMP)
+	$(PYTHON) scripts/bench_ddp_network.py
 
 reproduce-cpu: $(STAMP)
 	$(PYTHON) scripts/reproduce_cpu.py

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+from queue import Empty
 import statistics
 import sys
 import time
@@ -176,12 +177,12 @@ def _wrap_existing(ddp, state, hook):
 
 
 def quantile_rows(samples: dict[str, list[float]]) -> list[dict]:
-    """One row per configuration: median and inter-quartile range in ms, sample count."""
+    """One row per configuration: median, inter-quartile range and its ends in ms, sample count."""
     rows = []
     for name, values in samples.items():
         q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
         rows.append({"config": name, "median_ms": 1e3 * median, "iqr_ms": 1e3 * (q3 - q1),
-                     "n": len(values)})
+                     "p25_ms": 1e3 * q1, "p75_ms": 1e3 * q3, "n": len(values)})
     return rows
 
 
@@ -220,7 +221,7 @@ def main(argv=None):
 
 def run_ranks(worker, args, timeout: float = 1200):
     """Start WORLD gloo ranks of worker(rank, port, args, queue), one thread each; returns
-    what rank 0 put on the queue (its samples and loop seconds)."""
+    what rank 0 put on the queue (what it measured). A rank that dies stops them all at once."""
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch.multiprocessing as mp
 
@@ -232,8 +233,18 @@ def run_ranks(worker, args, timeout: float = 1200):
     processes = [ctx.Process(target=worker, args=(r, port, args, queue)) for r in range(WORLD)]
     for p in processes:
         p.start()
+    deadline = time.monotonic() + timeout
     try:
-        return queue.get(timeout=timeout)
+        while True:
+            try:
+                return queue.get(timeout=1.0)
+            except Empty:
+                failed = [p.exitcode for p in processes if p.exitcode not in (None, 0)]
+                if failed or time.monotonic() > deadline:
+                    for p in processes:  # a rank left alone waits for its peer forever
+                        p.kill()
+                    raise RuntimeError(f"ranks exited with {failed} before reporting" if failed
+                                       else f"no result after {timeout:.0f} s") from None
     finally:
         for p in processes:
             p.join(timeout=60)

@@ -26,9 +26,9 @@ sys.path.insert(0, str(REPO))  # benchmarks/ sits beside the package, not in it
 from accordion_repro.errors import ConfigError  # noqa: E402
 from accordion_repro.utils import atomic_write_text  # noqa: E402
 from benchmarks.netbench.driver import assemble, measure  # noqa: E402
-from benchmarks.netbench.netns import (LinkSpec, NetbenchUnavailable,  # noqa: E402
-                                       missing_requirement, parse_bandwidth, parse_duration)
-from benchmarks.netbench.ranks import RanksFailed  # noqa: E402
+from benchmarks.netbench.netns import (LinkSpec, missing_requirement,  # noqa: E402
+                                       parse_bandwidth, parse_duration)
+from benchmarks.netbench.ranks import run_reported  # noqa: E402
 from benchmarks.netbench.report import off_rows, write  # noqa: E402
 from benchmarks.netbench.study import study_families  # noqa: E402
 
@@ -84,17 +84,10 @@ def main(argv=None) -> int:
         atomic_write_text(raw_file, json.dumps(raw, indent=1) + "\n")
         write(assemble(raw, families), families, out)
 
-    try:
-        raw = measure(links, families, steps=args.steps, out_dir=out, timeout_s=args.timeout,
-                      check=not args.no_check, command=command, save=save, log=log)
-    except (NetbenchUnavailable, RanksFailed, FileNotFoundError) as err:
-        print(f"bench-network: {err}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt as err:
-        print(f"bench-network: interrupted ({err or 'SIGINT'}); everything it made is removed",
-              file=sys.stderr)
-        return 130
-    return report(raw, families, out)
+    code, raw = run_reported("bench-network", lambda: measure(
+        links, families, steps=args.steps, out_dir=out, timeout_s=args.timeout,
+        check=not args.no_check, command=command, save=save, log=log))
+    return code or report(raw, families, out)
 
 
 def report(raw: dict, families, out: Path) -> int:

@@ -20,6 +20,8 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from accordion_repro.comm.base import Phase
+from accordion_repro.comm.ddp_hook import BucketPipeline
 from conftest import REPO
 from test_comm_distributed import SmallNet, free_port, run_workers
 
@@ -281,6 +283,44 @@ def _async_worker(rank):
             results[(compressor, cap, unused)] = runs
     results["mismatch"] = _mismatch(rank)
     return results
+
+
+class _Work:
+    """A collective that is already complete; its start and waits go to `log`."""
+
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+        log.append(f"start {name}")
+
+    def wait(self):
+        self.log.append(f"wait {self.name}")
+
+    def get_future(self):
+        future = torch.futures.Future()
+        future.set_result(None)
+        return future
+
+
+def _two_phases(bucket, log):
+    """A PowerSGD-like reduction: compress, P all-reduce; Q all-reduce (final); decompress."""
+    log.append(f"compress {bucket}")
+    yield Phase([_Work(f"P{bucket}", log)], False)
+    yield Phase([_Work(f"Q{bucket}", log)], True)
+    log.append(f"decompress {bucket}")
+
+
+def test_the_pipeline_starts_a_bucket_before_waiting_for_the_earlier_ones():
+    """A bucket's compression and first collectives come before the hook thread waits for an
+    earlier bucket's P; every collective is still started in one fixed order."""
+    log = []
+    pipeline = BucketPipeline()
+    futures = [pipeline.submit(_two_phases(b, log), lambda: torch.zeros(1), last=b == 2)
+               for b in range(3)]
+    assert all(f.done() for f in futures)
+    assert log == ["compress 0", "start P0",
+                   "compress 1", "start P1", "wait P0", "start Q0", "decompress 0",
+                   "compress 2", "start P2", "wait P1", "start Q1", "decompress 1",
+                   "wait P2", "start Q2", "decompress 2"]
 
 
 @pytest.mark.slow

@@ -141,8 +141,10 @@ class BucketPipeline:
 
     DDP hands us bucket after bucket while the backward pass goes on; we start each bucket's
     first phase at once and return a Future, and start a bucket's next phase (PowerSGD's Q,
-    which needs the reduced P) at the following bucket's hook, when its collectives have had
-    the backward of that bucket to complete. Every collective is started on the thread that
+    which needs the reduced P) at the following bucket's hook, after that bucket has started
+    its own first phase: the earlier collectives have had the backward and the compression of
+    that bucket to complete before the hook thread (the backward's) waits for them, and the
+    new bucket's collectives are on the wire first. Every collective is started on the thread that
     runs DDP's hooks, in bucket order, so all ranks issue them in the same order (gloo and NCCL
     match collectives by the order they are issued). torch's powerSGD_hook issues its second
     all-reduce from a Future callback instead, whose order across buckets depends on which
@@ -156,11 +158,11 @@ class BucketPipeline:
 
     def submit(self, steps: Generator[Phase, None, None], finish: Callable[[], torch.Tensor],
                last: bool) -> torch.futures.Future[torch.Tensor]:
-        """Start one bucket's reduction after moving every earlier bucket one phase on; the last
+        """Start one bucket's reduction, then move every earlier bucket one phase on; the last
         bucket of the backward also drives all of them to their final phase."""
         try:
-            self._advance()
             job = _Job(steps, finish)
+            self._advance()
             if job.waiting:
                 self._waiting.append(job)
             while last and self._waiting:

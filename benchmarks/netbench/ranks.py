@@ -6,11 +6,12 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
-from benchmarks.netbench.netns import NamespacePair
+from benchmarks.netbench.netns import NamespacePair, NetbenchUnavailable
 
 DEFAULT_PORT = 29577
+T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -75,3 +76,17 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 def python_argv(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
+
+
+def run_reported(name: str, measure: Callable[[], T]) -> tuple[int, T | None]:
+    """(0, measure()), or the exit code after one line on stderr: 1 where the link could not be
+    built or a rank failed, 130 when interrupted (everything it made is torn down by then)."""
+    try:
+        return 0, measure()
+    except (NetbenchUnavailable, RanksFailed, FileNotFoundError) as err:
+        print(f"{name}: {err}", file=sys.stderr)
+        return 1, None
+    except KeyboardInterrupt as err:
+        print(f"{name}: interrupted ({err or 'SIGINT'}); everything it made is removed",
+              file=sys.stderr)
+        return 130, None

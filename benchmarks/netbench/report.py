@@ -26,7 +26,7 @@ STEP_COLUMNS = ("link", "preset", "level", "step_s", "compute_s", "comm_s", "byt
                 "model_s", "model_error")
 
 
-def _csv(rows: Sequence[dict], columns: Sequence[str]) -> str:
+def csv_text(rows: Sequence[dict], columns: Sequence[str]) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
@@ -204,8 +204,8 @@ def plot(result: BenchmarkResult, families: Sequence[Family], path: Path) -> Non
 
 def write(result: BenchmarkResult, families: Sequence[Family], out_dir: Path) -> str:
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out_dir / "network.csv", _csv(run_records(result), RUN_COLUMNS))
-    atomic_write_text(out_dir / "network_steps.csv", _csv(step_records(result), STEP_COLUMNS))
+    atomic_write_text(out_dir / "network.csv", csv_text(run_records(result), RUN_COLUMNS))
+    atomic_write_text(out_dir / "network_steps.csv", csv_text(step_records(result), STEP_COLUMNS))
     text = markdown(result)
     atomic_write_text(out_dir / "network.md", text)
     if result.fast and result.calibrations:
