@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-from queue import Empty
 import statistics
 import sys
 import time
 from pathlib import Path
+from queue import Empty
 
 WORLD = 2
 RANKS = (1, 2, 4)

@@ -96,6 +96,11 @@ def test_every_result_in_the_readme_comes_from_a_committed_run_or_table():
 DERIVED = re.compile(r"(?<![\w.])(\d+\.\d+)(?:[ -]points?\b| ?x\b)")  # "0.70 point", "1.8x"
 
 
+def _any_within(sorted_values: list[float], low: float, high: float) -> bool:
+    i = bisect.bisect_left(sorted_values, low)
+    return i < len(sorted_values) and sorted_values[i] <= high
+
+
 def _unexplained_derived(text: str, known: set[str]) -> tuple[list[str], int]:
     """(the derived numbers of `text` that are not explained, how many there are): a difference
     ("0.70 point") or ratio ("1.8x") is explained when it is itself a committed number, or the
@@ -112,13 +117,8 @@ def _unexplained_derived(text: str, known: set[str]) -> tuple[list[str], int]:
                 continue
             half = 0.5 * 10.0 ** -len(value.split(".")[1]) + 1e-9
             target = float(value)
-
-            def stated_within(low: float, high: float) -> bool:
-                i = bisect.bisect_left(stated, low)
-                return i < len(stated) and stated[i] <= high
-
-            if not any(stated_within(b + target - half, b + target + half)
-                       or (b > 0 and stated_within(b * (target - half), b * (target + half)))
+            if not any(_any_within(stated, b + target - half, b + target + half)
+                       or (b > 0 and _any_within(stated, b * (target - half), b * (target + half)))
                        for b in stated):
                 unexplained.append(value)
     return unexplained, count

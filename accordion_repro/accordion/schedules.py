@@ -342,13 +342,21 @@ def _levels(settings, critical: list[bool]) -> list:
     return [settings.low if c else settings.high for c in critical]
 
 
-def _batch_decision(flags: list[bool], decision: str) -> bool:
+def batch_decision(flags: list[bool], decision: str) -> bool:
     """One model-wide "critical" from per-layer flags (model_norm passes its single flag)."""
     if decision == "any":
         return any(flags)
     if decision == "majority":
         return 2 * sum(flags) > len(flags)
     return flags[-1]
+
+
+def held_decision(layer_and_model_flags: list[bool], decision: str) -> bool:
+    """The model-wide decision from a "layer+model" report (each layer's flag, then the whole
+    model's), as a schedule with this `decision` would have taken it: model_norm reads the
+    whole-model flag, the per-layer rules read only the layers'."""
+    flags = layer_and_model_flags if decision == "model_norm" else layer_and_model_flags[:-1]
+    return batch_decision(flags, decision)
 
 
 @dataclass(frozen=True)
@@ -424,7 +432,7 @@ class BatchAccordionSchedule(_DetectorDriven):
             flags = _expect_flags(self, critical)
             if self.granularity == "layer":
                 self._critical = flags
-            self._model_critical = _batch_decision(flags, self.settings.decision)
+            self._model_critical = batch_decision(flags, self.settings.decision)
         return self._set(self.rule.plan(self._model_critical))
 
 
@@ -453,7 +461,7 @@ class JointSchedule(_DetectorDriven):
     def on_epoch_end(self, epoch: int, critical: Sequence[bool] | None) -> Plan:
         flags = _expect_flags(self, critical)
         self._critical = flags[:self.num_layers]
-        self._model_critical = _batch_decision(flags, self.settings.decision)
+        self._model_critical = batch_decision(flags, self.settings.decision)
         return self._set(self.rule.plan(self._model_critical,
                                         levels=_levels(self.settings, self._critical)))
 

@@ -28,7 +28,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..accordion.schedules import BATCH_DECISIONS, _batch_decision
+from ..accordion.schedules import BATCH_DECISIONS, held_decision
 from .collect import RunDirectoryError, read_metrics
 
 RULE = ("outside: per LR phase, as many epochs as the inside arm has there, the latest ones the "
@@ -67,8 +67,7 @@ def held_critical(records: list[dict], decision: str = "model_norm") -> list[boo
             raise RunDirectoryError(
                 f"epoch {record['epoch']} has no per-layer and whole-model detector flags; the "
                 "reference must be a static run with schedule.detect=true")
-        flags = report["critical"]  # per layer, then the whole model's
-        held.append(_batch_decision(flags if decision == "model_norm" else flags[:-1], decision))
+        held.append(held_decision(report["critical"], decision))
     return held
 
 
