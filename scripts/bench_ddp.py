@@ -20,7 +20,7 @@ torchrun-style launch (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the envir
 rank 0 writes what it measured to `--raw`: how scripts/bench_ddp_network.py runs the same arms
 across a shaped link.
 
-    python scripts/bench_ddp.py [--steps 20] [--warmup 3] [--width 1.0] [--only NAME]
+    python scripts/bench_ddp.py [--steps 20] [--warmup 3] [--width 1.0] [--only TEXT ...]
                                 [--topk 0.1 ...] [--compute] [--out results/bench/ddp.csv]
 """
 
@@ -50,7 +50,8 @@ def parse_args(argv=None):
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (>= 2)")
     parser.add_argument("--width", type=float, default=1.0, help="ResNet-18 channel multiplier")
     parser.add_argument("--out", type=Path, default=Path("results/bench/ddp.csv"))
-    parser.add_argument("--only", default="", help="run only arms whose name contains this")
+    parser.add_argument("--only", nargs="+", default=[""], metavar="TEXT",
+                        help="run only arms whose name contains one of these")
     parser.add_argument("--topk", type=float, nargs="+", default=[0.1],
                         help="Top-K kept fractions of our Top-K arms")
     parser.add_argument("--compute", action="store_true",
@@ -190,13 +191,14 @@ def measure(args, rank: int) -> dict:
     import torch.distributed as dist
 
     world = dist.get_world_size()
-    specs = {n: s for n, s in arm_specs(tuple(args.topk)).items() if args.only in n}
+    specs = {n: s for n, s in arm_specs(tuple(args.topk)).items()
+             if any(text in n for text in args.only)}
     if args.breakdown is not None:
         if args.breakdown not in specs:
             raise SystemExit(f"--breakdown: no arm {args.breakdown!r}; arms: {', '.join(specs)}")
         specs = {args.breakdown: specs[args.breakdown]}
     if not specs:
-        raise SystemExit(f"--only {args.only!r} matches no arm")
+        raise SystemExit(f"--only {' '.join(args.only)!r} matches no arm")
     # Every rank creates every group, in the same order; each keeps its own group of one.
     solo = [dist.new_group([r]) for r in range(world)][rank] if args.compute else None
 

@@ -21,6 +21,7 @@ See docs/network_bench.md.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import shlex
 import statistics
@@ -57,7 +58,8 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per arm first")
     p.add_argument("--topk", type=float, nargs="+", default=[0.1, 0.01],
                    help="kept fractions of our Top-K arms")
-    p.add_argument("--only", default="", help="run only arms whose name contains this")
+    p.add_argument("--only", nargs="+", default=[""], metavar="TEXT",
+                   help="run only arms whose name contains one of these")
     p.add_argument("--breakdown", metavar="ARM", default=None,
                    help="time the phases of one arm's step instead, e.g. 'ours async r2'")
     p.add_argument("--timeout", type=float, default=5400, help="seconds per link and width")
@@ -109,8 +111,19 @@ def main(argv=None) -> int:
 def _rank_argv(args, width: float, raw: Path) -> list[str]:
     argv = [sys.executable, str(REPO / "scripts" / "bench_ddp.py"), "--env", "--raw", str(raw),
             "--width", f"{width:g}", "--steps", str(args.steps), "--warmup", str(args.warmup),
-            "--only", args.only, "--topk", *(f"{k:g}" for k in args.topk)]
+            "--only", *args.only, "--topk", *(f"{k:g}" for k in args.topk)]
     return argv + (["--breakdown", args.breakdown] if args.breakdown else ["--compute"])
+
+
+def _kept_breakdowns(path: Path, new: list[dict]) -> list[dict]:
+    """The rows of earlier breakdowns that this one does not replace (another link, width or
+    arm), so that one CSV collects every arm broken down."""
+    if not path.exists():
+        return []
+    key = lambda row: (row["link"], float(row["width"]), row["arm"])  # noqa: E731
+    replaced = {key(row) for row in new}
+    with open(path, newline="") as f:
+        return [row for row in csv.DictReader(f) if key(row) not in replaced]
 
 
 def measure(args, links, paths: dict[str, Path], out: Path, command: str) -> None:
@@ -159,7 +172,8 @@ def measure(args, links, paths: dict[str, Path], out: Path, command: str) -> Non
             finally:
                 pair.teardown()
             if args.breakdown:
-                atomic_write_text(paths["breakdown"], csv_text(phases, list(phases[0])))
+                kept = _kept_breakdowns(paths["breakdown"], phases)
+                atomic_write_text(paths["breakdown"], csv_text(kept + phases, list(phases[0])))
                 continue
             atomic_write_text(paths["raw"], json.dumps(raw, indent=1) + "\n")
             write_csv(rows, out)

@@ -87,6 +87,20 @@ def test_script_stops_at_once_with_one_line_when_requirements_are_missing(monkey
     assert capsys.readouterr().err.strip() == "bench-ddp-network: needs `tc` on PATH"
 
 
+def test_a_breakdown_keeps_the_other_arms_and_replaces_its_own(tmp_path):
+    script = load_script("bench_ddp_network")
+    path = tmp_path / "ddp_network_breakdown.csv"
+    row = lambda arm, width, step: {"link": "100 Mbit/s, 0 ms", "width": width, "arm": arm,  # noqa: E731
+                                    "step": step}
+    assert script._kept_breakdowns(path, [row("ours async r2", 1.0, 5)]) == []
+    path.write_text("link,width,arm,step\n100 Mbit/s, 0 ms,1,ours async r2,9\n"
+                    "100 Mbit/s, 0 ms,0.25,ours async r2,3\n100 Mbit/s, 0 ms,1,ours sync r2,7\n"
+                    .replace("100 Mbit/s, 0 ms", '"100 Mbit/s, 0 ms"'))
+    kept = script._kept_breakdowns(path, [row("ours async r2", 1.0, 5)])
+    assert [(r["width"], r["arm"]) for r in kept] == [("0.25", "ours async r2"),
+                                                     ("1", "ours sync r2")]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(MISSING is not None, reason=f"bench-ddp-network: {MISSING}")
 def test_tiny_benchmark_across_a_shaped_link_writes_one_row_per_arm(tmp_path):
