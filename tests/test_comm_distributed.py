@@ -122,6 +122,13 @@ def _reducers_worker(rank):
         grads = local_grads(rank)
         stats = topk.reduce(grads)
         result[name] = (grads, stats, topk.memory)
+    # The same Top-K step with its all-gather in segments of 7 entries: the same numbers.
+    segmented = build_reducer("topk", local_grads(rank), ratio=0.1)
+    segmented.comm.gloo_segment = 7
+    grads = local_grads(rank)
+    calls = _count_real_collectives(lambda: result.setdefault("segmented_stats",
+                                                               segmented.reduce(grads)))
+    result["segmented"] = (grads, calls)
     dense = build_reducer("none", local_grads(rank))
     grads = local_grads(rank)
     result["none"] = (grads, dense.reduce(grads))
@@ -166,6 +173,13 @@ def test_reducers_on_two_gloo_ranks(tmp_path):
         assert stats.floats_sent == 2 * (21 + 12 + 12) * WORLD + 6 + 3
         assert stats.bytes_sent == 8 * (21 + 12 + 12) + 4 * 9
         assert (memory == [None, None, None]) == (key == "official")
+
+    grads, calls = r0["segmented"]
+    assert all(torch.equal(a, b) for a, b in zip(grads, r0["topk"][0]))
+    assert all(torch.equal(a, b) for a, b in zip(grads, r1["segmented"][0]))
+    # 2 x (21 + 12 + 12) packed entries in pieces of 7, counted as one collective
+    assert sorted(calls) == ["all_gather"] * 13 + ["all_reduce"]
+    assert r0["segmented_stats"].collectives == 2
 
     grads, stats = r0["none"]
     for got, want in zip(grads, average):

@@ -17,6 +17,10 @@ from .stats import CommStats
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+# Elements (float32: 256 KiB) per piece of an all-gather on gloo; see all_gather_async.
+GLOO_ALLGATHER_SEGMENT = 65_536
+
+
 def distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
@@ -36,6 +40,7 @@ class Communicator:
         self.group = group
         self.world_size = dist.get_world_size(group) if self.distributed else 1
         self.rank = dist.get_rank(group) if self.distributed else 0
+        self.gloo_segment = GLOO_ALLGATHER_SEGMENT
 
     def all_reduce_sum(self, buffer: torch.Tensor, stats: CommStats):
         """Start summing `buffer` over workers in place; the work handle (None if nothing sent)."""
@@ -47,23 +52,39 @@ class Communicator:
 
     def all_gather(self, local: torch.Tensor, stats: CommStats) -> torch.Tensor:
         """Stack every worker's `local` (same size on all) into one (world_size, n) tensor."""
-        gathered, handle = self.all_gather_async(local, stats)
-        if handle is not None:
+        gathered, handles = self.all_gather_async(local, stats)
+        for handle in handles:
             handle.wait()
         return gathered
 
     def all_gather_async(self, local: torch.Tensor, stats: CommStats):
-        """all_gather started asynchronously: (the output, valid once the handle is waited on,
-        and the work handle, None when nothing was sent)."""
+        """all_gather started asynchronously: (the (world_size, n) output, valid once every
+        work handle is waited on, and the list of those handles, empty when nothing was sent).
+
+        Counted as one collective however many pieces it travels in. On gloo it travels in
+        segments of at most `gloo_segment` elements (CPU tensors: gloo's): gloo sends one all-gather as one message,
+        which reached 65-76% of a tc-shaped 100 Mbit/s link and 69% of a 1 Gbit/s one for
+        9 MB per rank, against 92% and 92% in 256 KiB segments, the rate of its all-reduce
+        (docs/network_bench.md). NCCL (CUDA tensors) pipelines internally and gets one call.
+        """
         if not self.distributed or local.numel() == 0:
-            return local.unsqueeze(0).expand(self.world_size, local.numel()), None
-        out = torch.empty(self.world_size * local.numel(), dtype=local.dtype, device=local.device)
+            return local.unsqueeze(0).expand(self.world_size, local.numel()), []
+        n = local.numel()
         stats.collectives += 1
         stats.allgathers += 1
-        stats.bytes_sent += local.numel() * local.element_size()
-        stats.allgather_bytes += local.numel() * local.element_size()
-        handle = _all_gather_flat(out, local, group=self.group, async_op=True)
-        return out.view(self.world_size, local.numel()), handle
+        stats.bytes_sent += n * local.element_size()
+        stats.allgather_bytes += n * local.element_size()
+        if local.device.type != "cpu" or n <= self.gloo_segment:  # CPU tensors go by gloo
+            out = torch.empty(self.world_size * n, dtype=local.dtype, device=local.device)
+            return (out.view(self.world_size, n),
+                    [_all_gather_flat(out, local, group=self.group, async_op=True)])
+        out = torch.empty(self.world_size, n, dtype=local.dtype, device=local.device)
+        handles = []
+        for start in range(0, n, self.gloo_segment):
+            end = min(start + self.gloo_segment, n)
+            handles.append(dist.all_gather(list(out[:, start:end].unbind(0)), local[start:end],
+                                           group=self.group, async_op=True))
+        return out, handles
 
     def max_and_min(self, value: int, device: torch.device) -> tuple[int, int]:
         """The largest and smallest `value` over workers, in one tiny blocking all-reduce (not

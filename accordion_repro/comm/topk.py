@@ -131,8 +131,8 @@ class TopKReducer(Reducer):
                 grad.zero_()
             return
         if self.comm.distributed:
-            gathered, handle = self.comm.all_gather_async(send, stats)
-            yield [handle], True
+            gathered, handles = self.comm.all_gather_async(send, stats)
+            yield handles, True
         else:  # one worker: the gather is the identity, there is nothing to wait for
             gathered = self.comm.all_gather(send, stats)
         values, indices = gathered[:, :total], gathered[:, total:].view(torch.int32)

@@ -38,8 +38,9 @@ def measure_shaped_allreduce(pair: NamespacePair, *, numel: int, repeats: int, w
                              ) -> AllreduceMeasurement:
     """Start the probe in both namespaces of an already created (and shaped) pair.
 
-    op="allgather" times an all-gather where each rank contributes `numel` floats (what the
-    Top-K reducer issues); each rank then also sends its whole buffer once across the link.
+    op="allgather" times an all-gather where each rank contributes `numel` floats, issued as the
+    Top-K reducer issues it (Communicator.all_gather); each rank then also sends its whole
+    buffer once across the link.
     """
     out = Path(work_dir) / f"{op}.json"
     argv = python_argv("benchmarks.netbench.allreduce_probe", "--numel", str(numel),
@@ -52,15 +53,18 @@ def _probe(numel: int, repeats: int, out: Path, op: str) -> None:
     import torch
     import torch.distributed as dist
 
+    from accordion_repro.comm.collectives import Communicator
+    from accordion_repro.comm.stats import CommStats
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     try:
         buffer = torch.ones(numel, dtype=torch.float32)
-        gathered = torch.empty(numel * dist.get_world_size(), dtype=torch.float32)
+        communicator = Communicator()
 
         def collective():
-            if op == "allgather":
-                dist.all_gather_into_tensor(gathered, buffer)
+            if op == "allgather":  # as the Top-K reducer issues it (in segments on gloo)
+                communicator.all_gather(buffer, CommStats())
             else:
                 dist.all_reduce(buffer)
 
