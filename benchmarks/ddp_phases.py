@@ -98,20 +98,22 @@ def _timed_collective(collective, clock: _Clock, sent=_nbytes):
 
 @contextlib.contextmanager
 def _clocked_collectives(clock: _Clock):
-    """Route torch.distributed.all_reduce and our all-gather through the clock."""
+    """Route torch.distributed.all_reduce and our all-gathers through the clock."""
     import torch.distributed as dist
 
     from accordion_repro.comm import collectives
 
-    saved = dist.all_reduce, collectives._all_gather_flat
+    saved = dist.all_reduce, collectives._all_gather_flat, dist.all_gather
     dist.all_reduce = _timed_collective(saved[0], clock)
-    # all_gather_into_tensor(output, input): the bytes sent are the input's
-    collectives._all_gather_flat = _timed_collective(
-        saved[1], clock, sent=lambda a, k: a[1].numel() * a[1].element_size())
+    # all_gather_into_tensor(output, input) and, for gloo's segments, all_gather(outputs,
+    # input): the bytes sent are the input's
+    sent_input = lambda a, k: a[1].numel() * a[1].element_size()  # noqa: E731
+    collectives._all_gather_flat = _timed_collective(saved[1], clock, sent=sent_input)
+    dist.all_gather = _timed_collective(saved[2], clock, sent=sent_input)
     try:
         yield
     finally:
-        dist.all_reduce, collectives._all_gather_flat = saved
+        dist.all_reduce, collectives._all_gather_flat, dist.all_gather = saved
 
 
 def clock_hook(hook, clock: _Clock):
