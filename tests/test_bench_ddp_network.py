@@ -80,6 +80,36 @@ def test_rows_hold_each_arm_against_compute_plus_the_links_time_for_its_bytes(tm
     assert "| torch DDP dense | 500 |" in table
 
 
+@pytest.mark.parametrize("csv_name", ["ddp_network.csv", "ddp_network_topk.csv"])
+def test_readme_tables_are_built_from_the_committed_csv(csv_name):
+    """The README's tables are what `--table` prints from the committed measurements."""
+    table = readme_table(read_csv(REPO / "results" / "bench" / csv_name)).strip()
+    assert table in (REPO / "README.md").read_text()
+
+
+def _clocked_gather_worker(rank):
+    import torch
+
+    from accordion_repro.comm.collectives import Communicator
+    from accordion_repro.comm.stats import CommStats
+    from benchmarks.ddp_phases import _Clock, _clocked_collectives
+
+    clock, comm = _Clock(), Communicator()
+    comm.gloo_segment = 7
+    with _clocked_collectives(clock):
+        gathered = comm.all_gather(torch.arange(20.0) + 100 * rank, CommStats())
+    return gathered, [record[2] for record in clock.collectives]
+
+
+@pytest.mark.distributed
+def test_the_breakdown_clocks_every_segment_of_an_all_gather(tmp_path):
+    from test_comm_distributed import run_workers
+
+    (gathered, sent), _ = run_workers(_clocked_gather_worker, tmp_path)
+    assert gathered.tolist() == [[float(i) for i in range(20)], [100.0 + i for i in range(20)]]
+    assert sent == [28.0, 28.0, 24.0]  # 7, 7 and 6 float32 entries
+
+
 def test_script_stops_at_once_with_one_line_when_requirements_are_missing(monkeypatch, capsys):
     script = load_script("bench_ddp_network")
     monkeypatch.setattr(script, "missing_requirement", lambda: "needs `tc` on PATH")

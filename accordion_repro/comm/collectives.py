@@ -61,11 +61,11 @@ class Communicator:
         """all_gather started asynchronously: (the (world_size, n) output, valid once every
         work handle is waited on, and the list of those handles, empty when nothing was sent).
 
-        Counted as one collective however many pieces it travels in. On gloo it travels in
-        segments of at most `gloo_segment` elements (CPU tensors: gloo's): gloo sends one all-gather as one message,
-        which reached 65-76% of a tc-shaped 100 Mbit/s link and 69% of a 1 Gbit/s one for
-        9 MB per rank, against 92% and 92% in 256 KiB segments, the rate of its all-reduce
-        (docs/network_bench.md). NCCL (CUDA tensors) pipelines internally and gets one call.
+        Counted as one collective however many pieces it travels in. CPU tensors (gloo) travel
+        in segments of at most `gloo_segment` elements: gloo sends one all-gather as one
+        message, which reached 65% of a tc-shaped 100 Mbit/s link and 64% of a 1 Gbit/s one
+        for 8 MB per rank, against 94% and 96% in 256 KiB segments, its all-reduce's rate
+        (README, "Performance"). NCCL (CUDA tensors) pipelines internally and gets one call.
         """
         if not self.distributed or local.numel() == 0:
             return local.unsqueeze(0).expand(self.world_size, local.numel()), []

@@ -36,9 +36,11 @@ class LinkCalibration:
     """What raw gloo collectives do on one link; `shaping` None is the unshaped pair.
 
     gloo's all-gather is bimodal on a shaped link: a call runs either near line rate or ~1.6x
-    slower, and large buffers are slow more often (docs/network_bench.md). So the all-gather is
-    probed at two sizes, its rate interpolated in log size, and every probe is summarised by
-    its mean (a whole run pays the mean over its steps, not the median).
+    slower, and large buffers are slow more often (docs/network_bench.md; one message per
+    all-gather, before the Top-K reducer sent its all-gathers in segments, which run near line
+    rate). So the all-gather is probed at two sizes, as the reducer issues it, its rate
+    interpolated in log size, and every probe is summarised by its mean (a whole run pays the
+    mean over its steps, not the median).
     """
 
     shaping: ShapingReport | None

@@ -87,25 +87,29 @@ def _num(value, fmt: str) -> str:
 
 
 def readme_table(rows: Sequence[dict]) -> str:
-    """Per model width, one line per arm and per link its median step, the step over its
-    overlapped bound, and for ours the step over torch's powerSGD_hook at the same rank."""
+    """Per model width, one line per arm and per link its median step (ms), the step over its
+    overlapped bound ("x bound"), and for ours the step over torch's powerSGD_hook at the same
+    rank ("/ torch"; the column is left out of a table that has no torch arm)."""
     links = sorted({(r["bandwidth_bps"], r["link"]) for r in rows})
     out = []
     for width in sorted({r["width"] for r in rows}, reverse=True):
         cell = {(r["arm"], r["link"]): r for r in rows if r["width"] == width}
         arms = list(dict.fromkeys(r["arm"] for r in rows if r["width"] == width))
-        out += [f"ResNet-18 width {width:g}, batch 32 per rank, 2 ranks (median step ms; "
-                "x bound: over max(compute, communication); / torch: over torch's "
-                "powerSGD_hook at the same rank)", "",
-                "| arm | " + " | ".join(f"{label} | x bound | / torch" for _, label in links) + " |",
-                "| --- |" + " ---: | ---: | ---: |" * len(links)]
+        columns = [("median_ms", ".0f"), ("measured_over_bound", ".2f")]
+        headers = ["x bound"]
+        if any(r["ours_over_torch"] is not None for r in cell.values()):
+            columns.append(("ours_over_torch", ".2f"))
+            headers.append("/ torch")
+        out += [f"ResNet-18 at width {width:g}, batch 32 per rank, 2 ranks:", "",
+                "| arm | " + " | ".join(" | ".join([label, *headers]) for _, label in links)
+                + " |",
+                "| --- |" + " ---: |" * (len(columns) * len(links))]
         for arm in arms:
             cells = []
             for _, label in links:
                 r = cell.get((arm, label))
-                cells += ["", "", ""] if r is None else [
-                    f"{r['median_ms']:.0f}", _num(r["measured_over_bound"], ".2f"),
-                    _num(r["ours_over_torch"], ".2f")]
+                cells += [""] * len(columns) if r is None else [
+                    _num(r[key], fmt) for key, fmt in columns]
             out.append(f"| {arm} | " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out)
