@@ -30,6 +30,7 @@ import fnmatch
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -221,25 +222,56 @@ def main() -> int:
         if args.dry_run:
             continue
         start = time.perf_counter()
-        result = subprocess.run(argv, cwd=REPO)
+        returncode, stopped = run_trainer(argv)
         elapsed = add_wall_time(runs, preset, seed, time.perf_counter() - start,
-                                finished=result.returncode == 0)
-        if result.returncode != 0:
-            print(f"error: {preset} seed {seed} failed (exit {result.returncode}); rerun to resume",
+                                finished=returncode == 0)
+        if stopped and returncode != 0:
+            print(f"stopped: {preset} seed {seed} after {elapsed / 60:.1f} min in all; the same "
+                  "command resumes it", file=sys.stderr)
+            return STOPPED
+        if returncode != 0:
+            print(f"error: {preset} seed {seed} failed (exit {returncode}); rerun to resume",
                   file=sys.stderr)
-            return result.returncode
+            return returncode
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
         shutil.rmtree(out / ".hydra", ignore_errors=True)
         log = out / "train.log"  # Hydra's job log, empty: the trainer prints to stdout
         if log.exists() and log.stat().st_size == 0:
             log.unlink()
         print(f"{preset} seed {seed}: {elapsed / 60:.1f} min", flush=True)
+        if stopped:
+            return STOPPED
     if not args.dry_run:
         timings = runs / "timings.csv"
         rows = list(csv.DictReader(timings.open())) if timings.exists() else []
         print(f"total: {(time.perf_counter() - start_all) / 60:.1f} min this invocation; "
               f"{sum(float(r['wall_s']) for r in rows) / 60:.1f} min over all timed runs")
     return 0
+
+
+STOPPED = 128 + signal.SIGTERM
+
+
+def run_trainer(argv: list[str]) -> tuple[int, bool]:
+    """Run one training command: (its exit code, whether this runner was told to stop).
+
+    A SIGTERM or SIGINT to the runner is passed on to the trainer, which stops cleanly at its
+    next step (resumable); the runner then still records the attempt's seconds. Were the runner
+    to die alone, the trainer would train on unwatched and the attempt's time would be lost.
+    """
+    child = subprocess.Popen(argv, cwd=REPO)
+    stopped = []
+
+    def forward(signum, frame):
+        stopped.append(signum)
+        child.send_signal(signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return child.wait(), bool(stopped)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def add_wall_time(runs: Path, preset: str, seed: int, seconds: float, *, finished: bool) -> float:

@@ -117,3 +117,28 @@ def test_a_resumed_runs_wall_time_counts_every_attempt(tmp_path):
     assert (tmp_path / "timings.csv").read_text().splitlines() == [
         "preset,seed,wall_s", "table1/y,42,7.0", "table1/x,42,180.5"]
     assert not (tmp_path / "timings_partial.json").exists()
+
+
+def test_a_stopped_runner_stops_its_trainer_and_says_so(tmp_path):
+    """SIGTERM to the runner reaches the trainer (which saves and exits) instead of leaving it
+    training on unwatched; the runner learns that it was told to stop."""
+    import os
+    import signal
+    import sys
+    import threading
+
+    ready = tmp_path / "ready"
+    child = ("import pathlib, signal, sys, time\n"
+             "signal.signal(signal.SIGTERM, lambda *a: sys.exit(3))\n"
+             f"pathlib.Path({str(ready)!r}).touch()\n"
+             "time.sleep(60)\n")
+
+    def stop_when_ready():
+        while not ready.exists():
+            threading.Event().wait(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=stop_when_ready, daemon=True).start()
+    previous = signal.getsignal(signal.SIGTERM)
+    assert _script().run_trainer([sys.executable, "-c", child]) == (3, True)
+    assert signal.getsignal(signal.SIGTERM) is previous
