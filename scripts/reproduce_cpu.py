@@ -225,14 +225,12 @@ def main() -> int:
         returncode, stopped = run_trainer(argv)
         elapsed = add_wall_time(runs, preset, seed, time.perf_counter() - start,
                                 finished=returncode == 0)
-        if stopped and returncode != 0:
-            print(f"stopped: {preset} seed {seed} after {elapsed / 60:.1f} min in all; the same "
-                  "command resumes it", file=sys.stderr)
-            return STOPPED
         if returncode != 0:
-            print(f"error: {preset} seed {seed} failed (exit {returncode}); rerun to resume",
-                  file=sys.stderr)
-            return returncode
+            what = (f"stopped after {elapsed / 60:.1f} min in all" if stopped
+                    else f"failed (exit {returncode})")
+            print(f"{'stopped' if stopped else 'error'}: {preset} seed {seed} {what}; rerun the "
+                  "same command to resume", file=sys.stderr)
+            return STOPPED if stopped else returncode
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
         shutil.rmtree(out / ".hydra", ignore_errors=True)
         log = out / "train.log"  # Hydra's job log, empty: the trainer prints to stdout

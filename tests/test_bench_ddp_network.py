@@ -16,6 +16,7 @@ from benchmarks.netbench.bench import link_calibration
 from benchmarks.netbench.ddp_report import (COLUMNS, comm_seconds, read_csv, readme_table,
                                             rows_for, write_csv)
 from benchmarks.netbench.netns import LinkSpec, ShapingReport, missing_requirement
+from benchmarks.netbench.report import csv_text
 from conftest import REPO, load_script
 
 MISSING = missing_requirement()
@@ -123,9 +124,8 @@ def test_a_breakdown_keeps_the_other_arms_and_replaces_its_own(tmp_path):
     row = lambda arm, width, step: {"link": "100 Mbit/s, 0 ms", "width": width, "arm": arm,  # noqa: E731
                                     "step": step}
     assert script._kept_breakdowns(path, [row("ours async r2", 1.0, 5)]) == []
-    path.write_text("link,width,arm,step\n100 Mbit/s, 0 ms,1,ours async r2,9\n"
-                    "100 Mbit/s, 0 ms,0.25,ours async r2,3\n100 Mbit/s, 0 ms,1,ours sync r2,7\n"
-                    .replace("100 Mbit/s, 0 ms", '"100 Mbit/s, 0 ms"'))
+    path.write_text(csv_text([row("ours async r2", 1, 9), row("ours async r2", 0.25, 3),
+                              row("ours sync r2", 1, 7)], ["link", "width", "arm", "step"]))
     kept = script._kept_breakdowns(path, [row("ours async r2", 1.0, 5)])
     assert [(r["width"], r["arm"]) for r in kept] == [("0.25", "ours async r2"),
                                                      ("1", "ours sync r2")]
