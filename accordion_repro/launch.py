@@ -128,12 +128,21 @@ def _limit_threads(local_world: int) -> None:
 
 
 def _run(cfg: dict, run_dir: Path, in_group: bool = False) -> None:
-    """Train this rank; leave its process group (when in one) however the run ends."""
+    """Train this rank; leave its process group (when in one) however the run ends.
+
+    After a run that ended on every rank alike (completed, or stopped at the same step), a
+    barrier lets no rank shut its group down while another still talks to it: without it, a
+    rank that left first once aborted at exit in a clean-clone test run ("terminate called
+    without an active exception", after its last epoch was logged), as the README's own-code
+    example did before it too waited at a barrier.
+    """
     from accordion_repro.engine.trainer import Trainer
 
     stop.install(stop_signals())
     try:
         Trainer(cfg, run_dir).fit()
+        if in_group:
+            dist.barrier()
     except TrainingDiverged as exc:
         raise RankFailed(str(exc)) from None
     finally:
