@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+STOPPED = 128 + signal.SIGTERM  # the runner's exit status when told to stop (as the trainer's)
 
 CIFAR_PRESETS = [
     "table1/resnet18_powersgd_dense", "table1/resnet18_powersgd_static_low",
@@ -247,9 +248,6 @@ def main() -> int:
     return 0
 
 
-STOPPED = 128 + signal.SIGTERM
-
-
 def run_trainer(argv: list[str]) -> tuple[int, bool]:
     """Run one training command: (its exit code, whether this runner was told to stop).
 
@@ -257,6 +255,8 @@ def run_trainer(argv: list[str]) -> tuple[int, bool]:
     next step (resumable); the runner then still records the attempt's seconds. Were the runner
     to die alone, the trainer would train on unwatched and the attempt's time would be lost.
     """
+    from accordion_repro.launch import STOP_SIGNALS
+
     child = subprocess.Popen(argv, cwd=REPO)
     stopped = []
 
@@ -264,7 +264,7 @@ def run_trainer(argv: list[str]) -> tuple[int, bool]:
         stopped.append(signum)
         child.send_signal(signal.SIGTERM)
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
     try:
         return child.wait(), bool(stopped)
     finally:

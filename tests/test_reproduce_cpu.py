@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -122,11 +127,6 @@ def test_a_resumed_runs_wall_time_counts_every_attempt(tmp_path):
 def test_a_stopped_runner_stops_its_trainer_and_says_so(tmp_path):
     """SIGTERM to the runner reaches the trainer (which saves and exits) instead of leaving it
     training on unwatched; the runner learns that it was told to stop."""
-    import os
-    import signal
-    import sys
-    import threading
-
     ready = tmp_path / "ready"
     child = ("import pathlib, signal, sys, time\n"
              "signal.signal(signal.SIGTERM, lambda *a: sys.exit(3))\n"
@@ -135,7 +135,7 @@ def test_a_stopped_runner_stops_its_trainer_and_says_so(tmp_path):
 
     def stop_when_ready():
         while not ready.exists():
-            threading.Event().wait(0.05)
+            time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=stop_when_ready, daemon=True).start()
