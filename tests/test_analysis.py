@@ -357,6 +357,26 @@ def test_figure_titles_say_scale_and_data_and_axes_have_units(tmp_path):
     assert "millions" in tradeoff.axes[0].get_xlabel()
 
 
+def test_figure2_panel_c_puts_each_runs_last_accuracy_by_its_arm_and_joins_a_seeds_runs(tmp_path):
+    from accordion_repro.analysis import figures
+
+    finals = {("high_inside", 42): 84.4, ("high_inside", 43): 84.6,
+              ("high_outside", 42): 85.2, ("high_outside", 43): 85.3}
+    for (method, seed), final in finals.items():
+        write_run(tmp_path / "runs", f"fig2/{method}/seed{seed}", table=None, figure="fig2",
+                  method=method, seed=seed, accs=(30.0, 99.0, final))
+    frame = collect_runs(tmp_path / "runs").frame
+    panel = figures.figure2(frame).axes[2]
+    assert panel.get_ylabel() == "Final test accuracy (%)"
+    assert [t.get_text() for t in panel.get_xticklabels()] == [
+        "Rank 1 only\ninside\ncritical\nregimes", "Rank 1 only\noutside\ncritical\nregimes"]
+    dots = [sorted(map(tuple, points.get_offsets().tolist())) for points in panel.collections
+            if points.get_offsets().shape[1:] == (2,) and len(points.get_offsets()) == 2]
+    assert dots == [[(0.0, 84.4), (0.0, 84.6)], [(1.0, 85.2), (1.0, 85.3)]]
+    joined = sorted(tuple(line.get_ydata()) for line in panel.lines)
+    assert joined == [(84.4, 85.2), (84.6, 85.3)]  # seed 42's pair, seed 43's pair
+
+
 def test_norm_trace_shades_epoch_zero_marks_lr_decays_and_explains_itself(tmp_path):
     from accordion_repro.analysis import figures
 

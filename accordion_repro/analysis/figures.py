@@ -296,14 +296,39 @@ def _plot_norm_trace(axes, figure: Figure, run: pd.DataFrame | None) -> None:
     axes.grid(True, alpha=0.3)
 
 
+def _plot_final_accuracy(axes, curves, labels: list[str]) -> None:
+    """Each run's last test accuracy beside its curve's colour, a run's seed joined across the
+    curves: at the end of a run the curves of panel (b) lie within a point of each other, so
+    the paired difference per seed, against the spread between seeds, is what answers
+    "where or how much"."""
+    by_seed: dict = {}
+    for position, (color, group) in enumerate(curves):
+        last = group.sort_values("epoch").groupby("run_dir", sort=True).tail(1)
+        finals = last["test_acc"].to_numpy(dtype=float)
+        axes.scatter(np.full(len(finals), position), finals, color=color, s=22, zorder=3)
+        axes.hlines(finals.mean(), position - 0.25, position + 0.25, color=color, linewidth=2.0)
+        for seed, final in zip(last["seed"], finals):
+            by_seed.setdefault(seed, []).append((position, final))
+    for points in by_seed.values():
+        if len(points) > 1:
+            axes.plot(*zip(*points), color="grey", linewidth=0.6, alpha=0.6, zorder=2)
+    axes.set_xticks(range(len(labels)), [textwrap.fill(label, 13) for label in labels], fontsize=7)
+    axes.set_xlim(-0.5, len(labels) - 0.5)
+    axes.set_ylabel("Final test accuracy (%)")
+    axes.set_title("(c) final test accuracy per run\n(bar: mean; grey line: one seed)")
+    axes.grid(True, axis="y", alpha=0.3)
+
+
 def figure2(runs: pd.DataFrame, spec: FigureSpec = FIGURES["fig2"]) -> Figure:
-    figure = _new_figure(11.0, 5.2)
-    trace_axes, accuracy_axes = figure.subplots(1, 2)
+    figure = _new_figure(15.0, 5.6)
+    trace_axes, accuracy_axes, final_axes = figure.subplots(
+        1, 3, gridspec_kw={"width_ratios": (1.15, 1.0, 0.8)})
     _plot_norm_trace(trace_axes, figure, _trace_run(runs))
-    _plot_accuracy_curves(accuracy_axes, runs, spec)
+    curves = _plot_accuracy_curves(accuracy_axes, runs, spec)
     accuracy_axes.legend(loc="lower right")
     accuracy_axes.set_title("(b) test accuracy with high compression only inside\n"
                             "or only outside the critical regimes")
+    _plot_final_accuracy(final_axes, curves, [label for label, *_ in _curve_groups(runs, spec)])
     figure.suptitle(_wrapped(f"{spec.title}\n{setup_text(runs, spec)}", figure))
     return figure
 
