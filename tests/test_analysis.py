@@ -234,7 +234,7 @@ def test_missing_tables_list_presets_and_commands(tmp_path):
         written = build_all(tmp_path / "no_runs_here", tmp_path / "out")
     assert any(issubclass(w.category, MissingFigureWarning) and "fig9/vgg19bn_rank4" in
                str(w.message) for w in caught)
-    assert set(written) == {f"table{i}" for i in range(1, 7)}
+    assert set(written) == {f"table{i}" for i in range(1, 7)} | {"fig2_paired"}
     markdown = (tmp_path / "out/tables/table4.md").read_text()
     assert markdown.splitlines()[0].startswith("Table 4") and "no runs yet" in markdown
     for cell in TABLES["table4"].cells:
@@ -280,7 +280,8 @@ def test_rebuilt_tables_are_byte_identical_and_leave_no_temporary_files(tmp_path
     quiet_build(tmp_path / "runs", tmp_path / "out")
     assert {path: path.read_bytes() for path in paths} == first
     produced = sorted(p for p in (tmp_path / "out").rglob("*") if p.is_file())
-    assert produced == paths and len(paths) == 18    # 6 tables x 3 formats, no .tmp leftovers
+    # 6 tables x 3 formats and fig2_paired's md and csv, no .tmp leftovers
+    assert produced == paths and len(paths) == 20
 
 
 def _spans(axes) -> list[tuple[float, float]]:
@@ -375,6 +376,34 @@ def test_figure2_panel_c_puts_each_runs_last_accuracy_by_its_arm_and_joins_a_see
     assert dots == [[(0.0, 84.4), (0.0, 84.6)], [(1.0, 85.2), (1.0, 85.3)]]
     joined = sorted(tuple(line.get_ydata()) for line in panel.lines)
     assert joined == [(84.4, 85.2), (84.6, 85.3)]  # seed 42's pair, seed 43's pair
+
+
+def test_figure2_paired_table_states_each_seeds_finals_and_the_same_seed_differences(tmp_path):
+    from accordion_repro.analysis.paired import write_paired_table
+
+    finals = {("high_inside", 42): 84.4, ("high_inside", 43): 84.6, ("high_outside", 42): 85.2,
+              ("high_outside", 43): 85.3, ("static_low", 42): 85.1}
+    for (method, seed), final in finals.items():
+        write_run(tmp_path / "runs", f"fig2/{method}/seed{seed}", table=None, figure="fig2",
+                  method=method, seed=seed, scale="cpu_long", accs=(30.0, final), floats=500_000,
+                  numerics={"precision": "bf16"})
+    frame = collect_runs(tmp_path / "runs").frame
+    md, csv_path = write_paired_table(FIGURES["fig2"], frame, tmp_path / "tables")
+    text = md.read_text()
+    assert "## scale cpu_long (bf16 autocast)" in text
+    # floats per run: 0.5M + 1M (the helper logs floats x (epoch + 1))
+    assert "| Rank 1 only inside critical regimes | 84.40 | 84.60 | 84.50 ± 0.14 | 1.5 |" in text
+    assert "| Rank 2 | 85.10 | – | 85.10 | 1.5 |" in text
+    assert ("| Rank 1 only outside critical regimes − Rank 1 only inside critical regimes "
+            "| +0.80 | +0.70 | +0.75 ± 0.07 |") in text
+    assert "Accordion" not in text and "Rank 2 − " not in text  # no runs, no row
+    rows = list(csv.DictReader(io.StringIO(csv_path.read_text())))
+    assert [(r["kind"], r["seed"], round(float(r["value"]), 2)) for r in rows
+            if r["name"].startswith("Rank 1 only outside critical regimes −")] == [
+        ("difference", "42", 0.8), ("difference", "43", 0.7)]
+    empty = write_paired_table(FIGURES["fig2"], frame.iloc[0:0], tmp_path / "none")[0]
+    assert "No runs yet" in empty.read_text()
+    assert run_command("fig2/resnet18_high_inside", "paper") in empty.read_text()
 
 
 def test_norm_trace_shades_epoch_zero_marks_lr_decays_and_explains_itself(tmp_path):

@@ -10,6 +10,7 @@ import pandas as pd
 from accordion_repro.analysis.collect import SkippedRunWarning, collect_runs
 from accordion_repro.analysis.costmodel import check_workers, resolve_network
 from accordion_repro.analysis.layout import FIGURES, TABLES, TWINS, run_command
+from accordion_repro.analysis.paired import write_paired_table
 from accordion_repro.analysis.summarize import summarize_runs
 from accordion_repro.analysis.tables import write_table
 
@@ -27,7 +28,8 @@ def _column_equals(frame: pd.DataFrame, column: str, value: str) -> pd.Series:
 def build_all(runs_dir: str | Path = "results/runs", out_dir: str | Path = "results",
               net: str = "10gbit", workers: int | None = None,
               figures: bool = True) -> dict[str, list[Path]]:
-    """Write results/tables/table{1..6}.{md,tex,csv}, results/figures/fig{2,9,10}.{png,pdf}
+    """Write results/tables/table{1..6}.{md,tex,csv} and fig2_paired.{md,csv} (Figure 2 (b)'s
+    final accuracies by seed and paired differences), results/figures/fig{2,9,10}.{png,pdf}
     and <table>_tradeoff.{png,pdf}; returns {output name: written paths}. Missing runs never
     fail the build: tables list the presets to run, figures without runs are skipped with a
     MissingFigureWarning. figures=False writes the tables only (fast)."""
@@ -40,6 +42,8 @@ def build_all(runs_dir: str | Path = "results/runs", out_dir: str | Path = "resu
     written: dict[str, list[Path]] = {}
     for table_id, spec in TABLES.items():
         written[table_id] = write_table(spec, _table_runs(runs, table_id), out_dir / "tables", net)
+    written["fig2_paired"] = write_paired_table(FIGURES["fig2"], _figure_runs(frame, "fig2"),
+                                                out_dir / "tables")
     if figures:
         written.update(_write_figures(frame, runs, out_dir / "figures"))
     return written
@@ -92,15 +96,19 @@ def _table_runs(runs: pd.DataFrame, table_id: str) -> pd.DataFrame:
                        TABLES[table_id].cells)
 
 
+def _figure_runs(frame: pd.DataFrame, figure_id: str) -> pd.DataFrame:
+    """One-row-per-epoch rows of a figure's runs, twins included."""
+    own = frame[_column_equals(frame, "run.figure", figure_id)]
+    return _with_twins(frame, own, "run.figure", figure_id, FIGURES[figure_id].cells)
+
+
 def _write_figures(frame: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> dict[str, list[Path]]:
     from accordion_repro.analysis import figures  # here: the tables never pay for matplotlib
 
     written: dict[str, list[Path]] = {}
     for figure_id, builder in {"fig2": figures.figure2, "fig9": figures.figure9,
                                "fig10": figures.figure10}.items():
-        own = frame[_column_equals(frame, "run.figure", figure_id)]
-        merged = _with_twins(frame, own, "run.figure", figure_id, FIGURES[figure_id].cells)
-        for name, figure_frame in _by_scale(merged, figure_id):
+        for name, figure_frame in _by_scale(_figure_runs(frame, figure_id), figure_id):
             present = set(figure_frame["run.method"]) if not figure_frame.empty else set()
             missing = [cell for cell in FIGURES[figure_id].cells if cell.method not in present]
             if missing:

@@ -33,6 +33,7 @@ from accordion_repro.analysis.labels import (batch_sizes_text, data_text,  # noq
                                              run_batch_label, stand_in_notes)
 from accordion_repro.analysis.layout import (FIGURES, METRIC_TITLES, FigureSpec,  # noqa: E402
                                              TableSpec, level_text)
+from accordion_repro.analysis.paired import final_accuracies  # noqa: E402
 from accordion_repro.utils import atomic_write  # noqa: E402
 
 STYLE = {"font.size": 9, "axes.titlesize": 9, "axes.labelsize": 9, "legend.fontsize": 8,
@@ -300,14 +301,14 @@ def _plot_final_accuracy(axes, curves, labels: list[str]) -> None:
     """Each run's last test accuracy beside its curve's colour, a run's seed joined across the
     curves: at the end of a run the curves of panel (b) lie within a point of each other, so
     the paired difference per seed, against the spread between seeds, is what answers
-    "where or how much"."""
+    "where or how much" (the numbers: tables/fig2_paired.md)."""
     by_seed: dict = {}
     for position, (color, group) in enumerate(curves):
-        last = group.sort_values("epoch").groupby("run_dir", sort=True).tail(1)
-        finals = last["test_acc"].to_numpy(dtype=float)
+        runs = final_accuracies(group)
+        finals = runs["final"].to_numpy(dtype=float)
         axes.scatter(np.full(len(finals), position), finals, color=color, s=22, zorder=3)
         axes.hlines(finals.mean(), position - 0.25, position + 0.25, color=color, linewidth=2.0)
-        for seed, final in zip(last["seed"], finals):
+        for seed, final in zip(runs["seed"], finals):
             by_seed.setdefault(seed, []).append((position, final))
     for points in by_seed.values():
         if len(points) > 1:
