@@ -401,6 +401,10 @@ def test_figure2_paired_table_states_each_seeds_finals_and_the_same_seed_differe
     assert [(r["kind"], r["seed"], round(float(r["value"]), 2)) for r in rows
             if r["name"].startswith("Rank 1 only outside critical regimes −")] == [
         ("difference", "42", 0.8), ("difference", "43", 0.7)]
+    write_run(tmp_path / "runs", "fig2/high_inside/rank4_seed42", table=None, figure="fig2",
+              method="high_inside", seed=42, scale="cpu_long", accs=(30.0, 80.0))
+    with pytest.raises(ValueError, match="more than one run per method and seed: .*rank4_seed42"):
+        write_paired_table(FIGURES["fig2"], collect_runs(tmp_path / "runs").frame, tmp_path / "x")
     empty = write_paired_table(FIGURES["fig2"], frame.iloc[0:0], tmp_path / "none")[0]
     assert "No runs yet" in empty.read_text()
     assert run_command("fig2/resnet18_high_inside", "paper") in empty.read_text()

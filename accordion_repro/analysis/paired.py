@@ -52,6 +52,10 @@ def _block(spec: FigureSpec, scale: str, finals: pd.DataFrame,
            numerics: list[str]) -> tuple[list[str], list[list]]:
     """(markdown lines, csv rows) of one scale."""
     seeds = sorted(finals["seed"].unique())
+    repeated = finals[finals.duplicated(["method", "seed"], keep=False)]
+    if not repeated.empty:  # two configurations under one label: a pairing would pick one
+        raise ValueError(f"{spec.id} at scale {scale}: more than one run per method and seed: "
+                         + ", ".join(repeated[RUN_DIR]))
     by_cell = {(row.method, row.seed): row for row in finals.itertuples()}
     labels = {cell.method: cell.label for cell in spec.cells}
     methods = [cell.method for cell in spec.cells if (finals["method"] == cell.method).any()]
