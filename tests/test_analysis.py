@@ -18,6 +18,7 @@ import yaml
 
 from accordion_repro.analysis.build import MissingFigureWarning, build_all
 from accordion_repro.analysis.collect import SkippedRunWarning, collect_runs
+from accordion_repro.analysis.consistency import MixedCellError
 from accordion_repro.analysis.costmodel import collective_op, predict_epoch_time
 from accordion_repro.analysis.layout import FIGURES, TABLES, TWINS, all_presets, run_command
 from accordion_repro.analysis.reference import official_final, official_results
@@ -228,6 +229,39 @@ def test_workers_option_overrides_the_world_size(tmp_path):
     assert float(sixteen["predicted_time_s"]) > float(two["predicted_time_s"])
 
 
+MIXED_CASES = {  # (first run's config changes, second run's): is the cell one configuration?
+    "another-eta": ({"schedule": {"name": "accordion", "eta": 0.5}},
+                    {"schedule": {"name": "accordion", "eta": 0.3}}, "schedule.eta"),
+    "another-precision": ({}, {"trainer": {"precision": "bf16"}}, "trainer.precision"),
+    "seeds-only": ({"compressor": {"seed": 42}}, {"compressor": {"seed": 43}}, None),
+    "a-static-run-with-its-detector-watching": ({}, {"schedule": {"detect": True, "eta": 0.3}},
+                                                None),
+    "a-key-added-after-the-first-ran": ({}, {"trainer": {"nan_policy": "stop"}}, None),
+}
+
+
+@pytest.mark.parametrize("case", MIXED_CASES, ids=list(MIXED_CASES))
+def test_a_cell_whose_runs_are_not_one_configuration_stops_the_build_before_writing(tmp_path,
+                                                                                  case):
+    first, second, key = MIXED_CASES[case]
+    for seed, changes in ((42, first), (43, second)):
+        run_dir = write_run(tmp_path / "runs", f"table1/resnet18_accordion/v{seed}_seed{seed}",
+                            method="accordion", seed=seed)
+        config = yaml.safe_load((run_dir / "resolved.yaml").read_text())
+        for group, values in changes.items():
+            config[group] = {**config.get(group, {}), **values}
+        (run_dir / "resolved.yaml").write_text(yaml.safe_dump(config))
+    if key is None:
+        quiet_build(tmp_path / "runs", tmp_path / "out")
+        assert "| resnet18 | Accordion 2<->1 | 70.00 ± 0.00 | 2 |" in (
+            tmp_path / "out/tables/table1.md").read_text()
+        return
+    with pytest.raises(MixedCellError, match=rf"table1, resnet18 accordion at scale cpu: "
+                       rf"table1/resnet18_accordion/v42_seed42 and .*v43_seed43 .*{key}"):
+        quiet_build(tmp_path / "runs", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_missing_tables_list_presets_and_commands(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -297,14 +331,15 @@ NPZ_DATA = ("npz[cifar10_lossless_5k.npz, cifar10_jpeg_train10k_test10k.npz]: 30
 ACCORDION = {"name": "accordion", "low": 2, "high": 1, "statistic": "mean"}
 
 
-def _figure_runs(root: Path):
+def _figure_runs(root: Path, fig10: bool = True):
     critical = (3, 3, 0, 0, 3)
     for method in ("high_inside", "high_outside", "accordion"):
         write_run(root, f"fig2/{method}", table=None, figure="fig2", method=method,
                   accs=(30.0, 50.0, 60.0, 65.0, 70.0), critical=critical)
-    write_run(root, "fig10/accordion", table=None, figure="fig10", method="accordion",
-              compressor="none", accs=(30.0, 50.0, 60.0, 65.0, 70.0), critical=critical,
-              global_batch=(512, 512, 16384, 16384, 512))
+    if fig10:
+        write_run(root, "fig10/accordion", table=None, figure="fig10", method="accordion",
+                  compressor="none", accs=(30.0, 50.0, 60.0, 65.0, 70.0), critical=critical,
+                  global_batch=(512, 512, 16384, 16384, 512))
 
 
 def test_figures_are_reproducible_and_missing_ones_are_named(tmp_path):
@@ -552,13 +587,15 @@ def test_paper_figures_state_scale_data_width_and_stand_ins(tmp_path):
 
 @pytest.mark.slow
 def test_new_figure_elements_rebuild_byte_identical(tmp_path):
-    _figure_runs(tmp_path / "runs")
+    _figure_runs(tmp_path / "runs", fig10=False)  # _batch_runs brings fig10's Accordion run
+    # another configuration than _figure_runs' Accordion run, so another scale (one curve each)
     write_run(tmp_path / "runs", "fig2/trace", table=None, figure="fig2", method="accordion",
               schedule=ACCORDION, accs=(10.0, 20.0, 30.0, 40.0), critical=(3, 0, 3, 0),
-              lrs=(0.05, 0.1, 0.01, 0.01), data=NPZ_DATA, dataset="npz", width=0.25)
+              lrs=(0.05, 0.1, 0.01, 0.01), data=NPZ_DATA, dataset="npz", width=0.25,
+              scale="cpu_full")
     _batch_runs(tmp_path / "runs", table=None, figure="fig10")
     written = quiet_build(tmp_path / "runs", tmp_path / "out", figures=True)
-    paths = [path for key in ("fig2", "fig10") for path in written[key]]
+    paths = [path for key in ("fig2", "fig2_cpu", "fig10") for path in written[key]]
     first = {path: path.read_bytes() for path in paths}
     quiet_build(tmp_path / "runs", tmp_path / "out", figures=True)
     assert {path: path.read_bytes() for path in paths} == first

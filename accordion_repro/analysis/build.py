@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from accordion_repro.analysis.collect import SkippedRunWarning, collect_runs
+from accordion_repro.analysis.consistency import check_one_configuration
 from accordion_repro.analysis.costmodel import check_workers, resolve_network
 from accordion_repro.analysis.layout import FIGURES, TABLES, TWINS, run_command
 from accordion_repro.analysis.paired import write_paired_table
@@ -32,13 +33,19 @@ def build_all(runs_dir: str | Path = "results/runs", out_dir: str | Path = "resu
     final accuracies by seed and paired differences), results/figures/fig{2,9,10}.{png,pdf}
     and <table>_tradeoff.{png,pdf}; returns {output name: written paths}. Missing runs never
     fail the build: tables list the presets to run, figures without runs are skipped with a
-    MissingFigureWarning. figures=False writes the tables only (fast)."""
+    MissingFigureWarning; runs of one cell that are not one configuration stop it before
+    anything is written (MixedCellError). figures=False writes the tables only (fast)."""
     resolve_network(net)
     if workers is not None:
         check_workers(workers)
     out_dir = Path(out_dir)
     frame = collect_runs(runs_dir).frame
     runs = summarize_runs(frame, net=net, workers=workers)
+    configs: dict[str, dict] = {}  # before anything is written: a mixed cell stops the build
+    for table_id in TABLES:
+        check_one_configuration(runs_dir, _table_runs(runs, table_id), table_id, configs)
+    for figure_id in FIGURES:
+        check_one_configuration(runs_dir, _figure_runs(frame, figure_id), figure_id, configs)
     written: dict[str, list[Path]] = {}
     for table_id, spec in TABLES.items():
         written[table_id] = write_table(spec, _table_runs(runs, table_id), out_dir / "tables", net)
