@@ -41,18 +41,18 @@ def build_all(runs_dir: str | Path = "results/runs", out_dir: str | Path = "resu
     out_dir = Path(out_dir)
     frame = collect_runs(runs_dir).frame
     runs = summarize_runs(frame, net=net, workers=workers)
+    table_runs = {table_id: _table_runs(runs, table_id) for table_id in TABLES}
+    figure_runs = {figure_id: _figure_runs(frame, figure_id) for figure_id in FIGURES}
     configs: dict[str, dict] = {}  # before anything is written: a mixed cell stops the build
-    for table_id in TABLES:
-        check_one_configuration(runs_dir, _table_runs(runs, table_id), table_id, configs)
-    for figure_id in FIGURES:
-        check_one_configuration(runs_dir, _figure_runs(frame, figure_id), figure_id, configs)
+    for owner, owned in (*table_runs.items(), *figure_runs.items()):
+        check_one_configuration(runs_dir, owned, owner, configs)
     written: dict[str, list[Path]] = {}
     for table_id, spec in TABLES.items():
-        written[table_id] = write_table(spec, _table_runs(runs, table_id), out_dir / "tables", net)
-    written["fig2_paired"] = write_paired_table(FIGURES["fig2"], _figure_runs(frame, "fig2"),
+        written[table_id] = write_table(spec, table_runs[table_id], out_dir / "tables", net)
+    written["fig2_paired"] = write_paired_table(FIGURES["fig2"], figure_runs["fig2"],
                                                 out_dir / "tables")
     if figures:
-        written.update(_write_figures(frame, runs, out_dir / "figures"))
+        written.update(_write_figures(frame, table_runs, figure_runs, out_dir / "figures"))
     return written
 
 
@@ -109,13 +109,14 @@ def _figure_runs(frame: pd.DataFrame, figure_id: str) -> pd.DataFrame:
     return _with_twins(frame, own, "run.figure", figure_id, FIGURES[figure_id].cells)
 
 
-def _write_figures(frame: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> dict[str, list[Path]]:
+def _write_figures(frame: pd.DataFrame, table_runs: dict[str, pd.DataFrame],
+                   figure_runs: dict[str, pd.DataFrame], out_dir: Path) -> dict[str, list[Path]]:
     from accordion_repro.analysis import figures  # here: the tables never pay for matplotlib
 
     written: dict[str, list[Path]] = {}
     for figure_id, builder in {"fig2": figures.figure2, "fig9": figures.figure9,
                                "fig10": figures.figure10}.items():
-        for name, figure_frame in _by_scale(_figure_runs(frame, figure_id), figure_id):
+        for name, figure_frame in _by_scale(figure_runs[figure_id], figure_id):
             present = set(figure_frame["run.method"]) if not figure_frame.empty else set()
             missing = [cell for cell in FIGURES[figure_id].cells if cell.method not in present]
             if missing:
@@ -126,12 +127,12 @@ def _write_figures(frame: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> di
             if not figure_frame.empty:
                 written[name] = figures.write_figure(builder(figure_frame), out_dir, name)
     for table_id, spec in TABLES.items():
-        table_runs = _table_runs(runs, table_id)
-        if table_runs.empty:
+        runs = table_runs[table_id]
+        if runs.empty:
             continue
-        table_frame = frame[frame["run_dir"].isin(table_runs["run_dir"])]
+        table_frame = frame[frame["run_dir"].isin(runs["run_dir"])]
         written[f"{table_id}_tradeoff"] = figures.write_figure(
-            figures.tradeoff_figure(spec, table_runs, table_frame), out_dir, f"{table_id}_tradeoff")
+            figures.tradeoff_figure(spec, runs, table_frame), out_dir, f"{table_id}_tradeoff")
     return written
 
 

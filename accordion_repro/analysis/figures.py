@@ -117,13 +117,13 @@ def _curve_groups(runs: pd.DataFrame, spec: FigureSpec, label_for=None):
 
 def _plot_accuracy_curves(axes, runs: pd.DataFrame, spec: FigureSpec, metric: str = "test_acc",
                           label_for=None):
-    curves = []  # (color, per-epoch rows) of each curve drawn
+    curves = []  # (color, per-epoch rows, label) of each curve drawn
     for index, (label, method, scale, group) in enumerate(_curve_groups(runs, spec, label_for)):
         by_epoch = group.groupby("epoch", sort=True)[metric]
         mean, low, high = by_epoch.mean(), by_epoch.min(), by_epoch.max()
         seeds = group["run_dir"].nunique()
         color = COLORS[index % len(COLORS)]
-        curves.append((color, group))
+        curves.append((color, group, label))
         axes.plot(mean.index, mean.values, color=color, linewidth=1.4,
                   label=f"{label} (n={seeds})")
         if seeds > 1:
@@ -297,13 +297,13 @@ def _plot_norm_trace(axes, figure: Figure, run: pd.DataFrame | None) -> None:
     axes.grid(True, alpha=0.3)
 
 
-def _plot_final_accuracy(axes, curves, labels: list[str]) -> None:
+def _plot_final_accuracy(axes, curves) -> None:
     """Each run's last test accuracy beside its curve's colour, a run's seed joined across the
     curves: at the end of a run the curves of panel (b) lie within a point of each other, so
     the paired difference per seed, against the spread between seeds, is what answers
     "where or how much" (the numbers: tables/fig2_paired.md)."""
     by_seed: dict = {}
-    for position, (color, group) in enumerate(curves):
+    for position, (color, group, _) in enumerate(curves):
         runs = final_accuracies(group)
         finals = runs["final"].to_numpy(dtype=float)
         axes.scatter(np.full(len(finals), position), finals, color=color, s=22, zorder=3)
@@ -313,8 +313,9 @@ def _plot_final_accuracy(axes, curves, labels: list[str]) -> None:
     for points in by_seed.values():
         if len(points) > 1:
             axes.plot(*zip(*points), color="grey", linewidth=0.6, alpha=0.6, zorder=2)
-    axes.set_xticks(range(len(labels)), [textwrap.fill(label, 13) for label in labels], fontsize=7)
-    axes.set_xlim(-0.5, len(labels) - 0.5)
+    axes.set_xticks(range(len(curves)), [textwrap.fill(label, 13) for *_, label in curves],
+                    fontsize=7)
+    axes.set_xlim(-0.5, len(curves) - 0.5)
     axes.set_ylabel("Final test accuracy (%)")
     axes.set_title("(c) final test accuracy per run\n(bar: mean; grey line: one seed)")
     axes.grid(True, axis="y", alpha=0.3)
@@ -329,7 +330,7 @@ def figure2(runs: pd.DataFrame, spec: FigureSpec = FIGURES["fig2"]) -> Figure:
     accuracy_axes.legend(loc="lower right")
     accuracy_axes.set_title("(b) test accuracy with high compression only inside\n"
                             "or only outside the critical regimes")
-    _plot_final_accuracy(final_axes, curves, [label for label, *_ in _curve_groups(runs, spec)])
+    _plot_final_accuracy(final_axes, curves)
     figure.suptitle(_wrapped(f"{spec.title}\n{setup_text(runs, spec)}", figure))
     return figure
 
@@ -361,7 +362,7 @@ def figure10(runs: pd.DataFrame, spec: FigureSpec = FIGURES["fig10"]) -> Figure:
     curves = _plot_accuracy_curves(axes, runs, spec, label_for=run_batch_label)
     batch_axes = axes.twinx()
     drawn = False
-    for color, group in curves:
+    for color, group, _ in curves:
         if "global_batch" not in group or group["global_batch"].isna().all():
             continue
         batch = group.groupby("epoch", sort=True)["global_batch"].median()

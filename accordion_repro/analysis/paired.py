@@ -53,7 +53,7 @@ def _block(spec: FigureSpec, scale: str, finals: pd.DataFrame,
     """(markdown lines, csv rows) of one scale."""
     seeds = sorted(finals["seed"].unique())
     repeated = finals[finals.duplicated(["method", "seed"], keep=False)]
-    if not repeated.empty:  # two configurations under one label: a pairing would pick one
+    if not repeated.empty:  # e.g. a copied run directory: a pairing would pick one of them
         raise ValueError(f"{spec.id} at scale {scale}: more than one run per method and seed: "
                          + ", ".join(repeated[RUN_DIR]))
     by_cell = {(row.method, row.seed): row for row in finals.itertuples()}
