@@ -268,7 +268,8 @@ def test_missing_tables_list_presets_and_commands(tmp_path):
         written = build_all(tmp_path / "no_runs_here", tmp_path / "out")
     assert any(issubclass(w.category, MissingFigureWarning) and "fig9/vgg19bn_rank4" in
                str(w.message) for w in caught)
-    assert set(written) == {f"table{i}" for i in range(1, 7)} | {"fig2_paired"}
+    assert set(written) == ({f"table{i}" for i in range(1, 7)}
+                            | {"fig2_paired", "table1_paired", "table3_paired"})
     markdown = (tmp_path / "out/tables/table4.md").read_text()
     assert markdown.splitlines()[0].startswith("Table 4") and "no runs yet" in markdown
     for cell in TABLES["table4"].cells:
@@ -314,8 +315,9 @@ def test_rebuilt_tables_are_byte_identical_and_leave_no_temporary_files(tmp_path
     quiet_build(tmp_path / "runs", tmp_path / "out")
     assert {path: path.read_bytes() for path in paths} == first
     produced = sorted(p for p in (tmp_path / "out").rglob("*") if p.is_file())
-    # 6 tables x 3 formats and fig2_paired's md and csv, no .tmp leftovers
-    assert produced == paths and len(paths) == 20
+    # 6 tables x 3 formats and the md and csv of fig2_paired, table1_paired and table3_paired,
+    # no .tmp leftovers
+    assert produced == paths and len(paths) == 24
 
 
 def _spans(axes) -> list[tuple[float, float]]:
@@ -429,13 +431,17 @@ def test_figure2_paired_table_states_each_seeds_finals_and_the_same_seed_differe
     # floats per run: 0.5M + 1M (the helper logs floats x (epoch + 1))
     assert "| Rank 1 only inside critical regimes | 84.40 | 84.60 | 84.50 ± 0.14 | 1.5 |" in text
     assert "| Rank 2 | 85.10 | – | 85.10 | 1.5 |" in text
+    # two differences, +0.8 and +0.7: std 0.0707, t = 0.75 / 0.05 = 15 with one degree of
+    # freedom, p = 1 - 2 atan(15) / pi = 0.0424, 95 % CI 0.75 -+ 12.706 x 0.05
     assert ("| Rank 1 only outside critical regimes − Rank 1 only inside critical regimes "
-            "| +0.80 | +0.70 | +0.75 ± 0.07 |") in text
+            "| +0.80 | +0.70 | +0.75 ± 0.07 | [+0.11, +1.39] | 0.042 | 2 of 2 |") in text
     assert "Accordion" not in text and "Rank 2 − " not in text  # no runs, no row
     rows = list(csv.DictReader(io.StringIO(csv_path.read_text())))
     assert [(r["kind"], r["seed"], round(float(r["value"]), 2)) for r in rows
             if r["name"].startswith("Rank 1 only outside critical regimes −")] == [
-        ("difference", "42", 0.8), ("difference", "43", 0.7)]
+        ("difference", "42", 0.8), ("difference", "43", 0.7), ("mean", "", 0.75),
+        ("std", "", 0.07), ("ci95_low", "", 0.11), ("ci95_high", "", 1.39),
+        ("p_paired_t", "", 0.04), ("positive", "", 2), ("n", "", 2)]
     write_run(tmp_path / "runs", "fig2/high_inside/rank4_seed42", table=None, figure="fig2",
               method="high_inside", seed=42, scale="cpu_long", accs=(30.0, 80.0))
     with pytest.raises(ValueError, match="more than one run per method and seed: .*rank4_seed42"):
@@ -443,6 +449,35 @@ def test_figure2_paired_table_states_each_seeds_finals_and_the_same_seed_differe
     empty = write_paired_table(FIGURES["fig2"], frame.iloc[0:0], tmp_path / "none")[0]
     assert "No runs yet" in empty.read_text()
     assert run_command("fig2/resnet18_high_inside", "paper") in empty.read_text()
+
+
+def test_table_paired_compares_each_models_cells_seed_by_seed_in_the_sections_metric(tmp_path):
+    from accordion_repro.analysis.build import _table_epochs
+    from accordion_repro.analysis.paired import write_table_paired
+
+    finals = {("static_low", 0.99, 42): 84.0, ("static_low", 0.99, 43): 85.0,
+              ("accordion", 0.1, 42): 84.5, ("accordion", 0.1, 43): 84.5}
+    for (method, level, seed), final in finals.items():
+        write_run(tmp_path / "runs", f"t3/{method}/seed{seed}", table="table3", method=method,
+                  seed=seed, scale="cpu_long", compressor="topk", rank=level, accs=(30.0, final))
+    for method, ppl in (("static_low", 150.0), ("accordion", 140.0)):
+        write_run(tmp_path / "runs", f"t3/lstm_{method}", table="table3", model="lstm",
+                  method=method, seed=42, scale="cpu", compressor="topk", metric="val_ppl",
+                  accs=(200.0, ppl), dataset="synthetic_text")
+    write_run(tmp_path / "runs", "t3/googlenet", table="table3", model="googlenet",
+              method="static_low", seed=42, scale="cpu_long", compressor="topk", accs=(1.0, 2.0))
+    frame = collect_runs(tmp_path / "runs").frame
+    md, csv_path = write_table_paired(TABLES["table3"], _table_epochs(frame, "table3"), tmp_path)
+    text = md.read_text()
+    assert "## scale cpu_long: resnet18, CIFAR-10, Top-K, final test accuracy (%)" in text
+    # +0.5 and -0.5: mean 0, std 0.71, p = 1, one positive of two
+    assert ("| Accordion 99%<->10% − K 99% | +0.50 | -0.50 | +0.00 ± 0.71 | [-6.35, +6.35] "
+            "| 1.000 | 1 of 2 |") in text
+    assert "## scale cpu: lstm, WikiText-2, Top-K, final validation perplexity" in text
+    assert "| Accordion 99%<->2% − K 99% | -10.00 | -10.00 | – | – | 0 of 1 |" in text
+    assert "googlenet" not in text  # one cell of a model compares nothing
+    rows = list(csv.DictReader(io.StringIO(csv_path.read_text())))
+    assert {r["scale"] for r in rows} == {"cpu_long/resnet18", "cpu/lstm"}
 
 
 def test_norm_trace_shades_epoch_zero_marks_lr_decays_and_explains_itself(tmp_path):

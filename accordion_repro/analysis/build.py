@@ -11,7 +11,7 @@ from accordion_repro.analysis.collect import SkippedRunWarning, collect_runs
 from accordion_repro.analysis.consistency import check_one_configuration
 from accordion_repro.analysis.costmodel import check_workers, resolve_network
 from accordion_repro.analysis.layout import FIGURES, TABLES, TWINS, run_command
-from accordion_repro.analysis.paired import write_paired_table
+from accordion_repro.analysis.paired import write_paired_table, write_table_paired
 from accordion_repro.analysis.summarize import summarize_runs
 from accordion_repro.analysis.tables import write_table
 
@@ -29,8 +29,9 @@ def _column_equals(frame: pd.DataFrame, column: str, value: str) -> pd.Series:
 def build_all(runs_dir: str | Path = "results/runs", out_dir: str | Path = "results",
               net: str = "10gbit", workers: int | None = None,
               figures: bool = True) -> dict[str, list[Path]]:
-    """Write results/tables/table{1..6}.{md,tex,csv} and fig2_paired.{md,csv} (Figure 2 (b)'s
-    final accuracies by seed and paired differences), results/figures/fig{2,9,10}.{png,pdf}
+    """Write results/tables/table{1..6}.{md,tex,csv}, fig2_paired.{md,csv} (Figure 2 (b)'s
+    final accuracies by seed and paired differences with their statistics) and the same for
+    the cells of PAIRED_TABLES (<table>_paired.{md,csv}), results/figures/fig{2,9,10}.{png,pdf}
     and <table>_tradeoff.{png,pdf}; returns {output name: written paths}. Missing runs never
     fail the build: tables list the presets to run, figures without runs are skipped with a
     MissingFigureWarning; runs of one cell that are not one configuration stop it before
@@ -51,10 +52,17 @@ def build_all(runs_dir: str | Path = "results/runs", out_dir: str | Path = "resu
         written[table_id] = write_table(spec, table_runs[table_id], out_dir / "tables", net)
     written["fig2_paired"] = write_paired_table(FIGURES["fig2"], figure_runs["fig2"],
                                                 out_dir / "tables")
+    for table_id in PAIRED_TABLES:
+        written[f"{table_id}_paired"] = write_table_paired(
+            TABLES[table_id], _table_epochs(frame, table_id), out_dir / "tables")
     if figures:
         written.update(_write_figures(frame, table_runs, figure_runs, out_dir / "figures"))
     return written
 
+
+# The tables whose cells are also compared seed by seed (<table>_paired.{md,csv}): PowerSGD's
+# and Top-K's, the two of the central-claim study (scale=cpu_long).
+PAIRED_TABLES = ("table1", "table3")
 
 # The most faithful scale first: a figure whose runs span several scales is drawn once per
 # scale, `figN` from the first of these that has runs and `figN_<scale>` from each other one
@@ -101,6 +109,12 @@ def _table_runs(runs: pd.DataFrame, table_id: str) -> pd.DataFrame:
     """summarize_runs() rows of one table, twins included."""
     return _with_twins(runs, runs[runs["run.table"] == table_id], "run.table", table_id,
                        TABLES[table_id].cells)
+
+
+def _table_epochs(frame: pd.DataFrame, table_id: str) -> pd.DataFrame:
+    """One-row-per-epoch rows of a table's runs, twins included."""
+    own = frame[_column_equals(frame, "run.table", table_id)]
+    return _with_twins(frame, own, "run.table", table_id, TABLES[table_id].cells)
 
 
 def _figure_runs(frame: pd.DataFrame, figure_id: str) -> pd.DataFrame:
