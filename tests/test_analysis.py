@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 
 import matplotlib.ticker
+import numpy as np
 import pytest
 import yaml
 
@@ -669,6 +670,97 @@ def test_a_figure_over_several_scales_is_drawn_once_per_scale(tmp_path):
     parts = dict(_by_scale(frame, "fig2"))
     assert set(parts["fig2"]["scale.name"]) == {"cpu_full"}
     assert set(parts["fig2_cpu"]["scale.name"]) == {"cpu"}
+
+
+# Final accuracies of each scale's fixture runs lie in their own band; a marker or curve that
+# averaged runs of both scales would fall between the bands.
+SCALE_BANDS = {"cpu": (20.0, 45.0), "cpu_long": (70.0, 95.0)}
+TABLE1_METHODS = {"dense": {"compressor": "none"}, "static_low": {},
+                  "static_high": {"rank": 1}, "accordion": {"schedule": ACCORDION}}
+
+
+def _two_scale_runs(root: Path) -> None:
+    """Table 1's four ResNet-18 cells, Figure 2 (b)'s arms, a Figure 9 curve and Figure 10's
+    Accordion run at scales cpu and cpu_long, two seeds each (Figures 2 and 10 draw Table 1's
+    twins)."""
+    for scale, (low, _) in SCALE_BANDS.items():
+        for offset, seed in enumerate((42, 43)):
+            for index, (method, extra) in enumerate(TABLE1_METHODS.items()):
+                final = low + 5.0 + 3.0 * index + 2.0 * offset
+                write_run(root, f"{scale}/table1/{method}/seed{seed}", method=method, seed=seed,
+                          scale=scale, accs=(low + 1.0, final), critical=(3, 0),
+                          preset=f"table1/resnet18_powersgd_{method}", **extra)
+            for index, method in enumerate(("high_inside", "high_outside")):
+                write_run(root, f"{scale}/fig2/{method}/seed{seed}", table=None, figure="fig2",
+                          method=method, seed=seed, scale=scale, critical=(3, 0),
+                          accs=(low + 1.0, low + 6.0 + index + offset))
+            write_run(root, f"{scale}/fig9/rank4/seed{seed}", table=None, figure="fig9",
+                      model="vgg19bn", method="rank4", rank=4, seed=seed, scale=scale,
+                      accs=(low + 1.0, low + 8.0 + offset))
+            write_run(root, f"{scale}/fig10/accordion/seed{seed}", table=None, figure="fig10",
+                      method="accordion", compressor="none", seed=seed, scale=scale,
+                      accs=(low + 1.0, low + 9.0 + offset), global_batch=(512, 16384),
+                      schedule={"name": "batch_accordion", "low": 512, "high": 16384})
+
+
+def _drawn_values(axes) -> np.ndarray:
+    """Every y value drawn on an axes: lines and markers, error bars, bands, scatter points."""
+    from matplotlib.collections import PathCollection
+
+    values = [np.asarray(line.get_ydata(), dtype=float) for line in axes.lines]
+    for collection in axes.collections:
+        if isinstance(collection, PathCollection):      # scatter: the points are the offsets
+            values.append(np.asarray(collection.get_offsets(), dtype=float)[:, 1])
+        else:
+            values += [path.vertices[:, 1] for path in collection.get_paths()]
+    values = np.concatenate(values) if values else np.array([])
+    return values[np.isfinite(values)]
+
+
+def test_no_figure_marker_or_curve_mixes_scales(tmp_path, monkeypatch):
+    """The real build on runs of two scales: every value any figure draws on an accuracy axis
+    (curves, bands, trade-off markers and their error bars, panel (c)'s finals) lies in one
+    scale's band, that scale's band only, and the figure's title names that scale; the most
+    faithful scale keeps the unsuffixed name."""
+    from accordion_repro.analysis import figures
+
+    drawn = {}
+    write_figure = figures.write_figure
+
+    def capture(figure, out_dir, stem):
+        drawn[stem] = figure
+        return write_figure(figure, out_dir, stem)
+
+    monkeypatch.setattr(figures, "write_figure", capture)
+    _two_scale_runs(tmp_path / "runs")
+    quiet_build(tmp_path / "runs", tmp_path / "out", figures=True)
+    for stem, figure in sorted(drawn.items()):
+        values = np.concatenate([_drawn_values(axes) for axes in figure.axes
+                                 if "accuracy" in axes.get_ylabel().lower()])
+        assert values.size, stem
+        scales = {scale for value in values for scale, (low, high) in SCALE_BANDS.items()
+                  if low <= value <= high}
+        between = sorted({round(float(v), 2) for v in values
+                          if not any(low <= v <= high for low, high in SCALE_BANDS.values())})
+        assert not between and len(scales) == 1, (
+            f"{stem} mixes scales: values {between} between the scales' bands, bands of {scales}")
+        assert f"scale {scales.pop()};" in " ".join(figure.get_suptitle().split()), stem
+    assert set(drawn) == {"fig2", "fig2_cpu", "fig9", "fig9_cpu", "fig10", "fig10_cpu",
+                          "table1_tradeoff", "table1_tradeoff_cpu"}
+    assert "scale cpu_long;" in drawn["table1_tradeoff"].get_suptitle()
+
+    from accordion_repro.analysis.summarize import summarize_runs
+
+    frame = collect_runs(tmp_path / "runs").frame           # the builder refuses both scales
+    with pytest.raises(ValueError, match="table1 trade-off figure got runs of scales cpu, cpu_long"):
+        figures.tradeoff_figure(TABLES["table1"], summarize_runs(frame), frame)
+    # a curve's runs pass the same one-configuration check as a table cell's
+    write_run(tmp_path / "runs", "cpu/fig10/accordion/seed44", table=None, figure="fig10",
+              method="accordion", compressor="none", seed=44, accs=(21.0, 29.0),
+              schedule={"name": "batch_accordion", "low": 512, "high": 4096})
+    with pytest.raises(MixedCellError, match="fig10, resnet18 accordion at scale cpu: .*schedule.high"):
+        quiet_build(tmp_path / "runs", tmp_path / "out2", figures=True)
+    assert not (tmp_path / "out2").exists()
 
 
 def test_figure2_draws_table1_runs_of_the_same_config_where_it_has_none(tmp_path):
