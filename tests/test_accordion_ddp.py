@@ -394,16 +394,23 @@ def test_precisions_the_reducers_cannot_use_are_refused_with_the_reason():
 
 
 # ---- checkpoints ------------------------------------------------------------------------------
+# (compressor, bucket_cap_mb, error_feedback): None is DDP's default cap (SmallNet fits one
+# bucket); 0.01 MB gives several buckets, which DDP regroups after its first step, so the first
+# step after a restart packs other layers together than the step it replaces.
+RESUME_CASES = (("powersgd", None, True), ("topk", None, True), ("powersgd", 0.01, True),
+                ("powersgd", 0.01, False), ("topk", 0.01, True))
+
+
 def _resume_worker(rank):
     from accordion_repro.ddp import Accordion
 
-    def build(name):
+    def build(name, cap, error_feedback):
         torch.manual_seed(0)
         model = SmallNet()
-        # One bucket: a fresh DDP regroups its buckets after its first step (docs/compressors.md)
-        ddp = DistributedDataParallel(model)
+        ddp = DistributedDataParallel(model, bucket_cap_mb=cap)
         low, high = (2, 1) if name == "powersgd" else (0.5, 0.05)
-        acc = Accordion(ddp, name, low=low, high=high, eta=10.0, interval=1)
+        acc = Accordion(ddp, name, low=low, high=high, eta=10.0, interval=1,
+                        error_feedback=error_feedback)
         return model, ddp, acc, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
     def train(ddp, optimizer, acc, epochs, seed):
@@ -414,8 +421,8 @@ def _resume_worker(rank):
             acc.end_epoch(epoch, 0.1, 0.1)
 
     results = {}
-    for name in ("powersgd", "topk"):
-        model, ddp, acc, optimizer = build(name)
+    for case in RESUME_CASES:
+        model, ddp, acc, optimizer = build(*case)
         train(ddp, optimizer, acc, range(2), seed=rank)
         buffer = io.BytesIO()
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -423,24 +430,28 @@ def _resume_worker(rank):
         train(ddp, optimizer, acc, range(2, 4), seed=100 + rank)
         straight = [p.detach().clone() for p in model.parameters()], acc.levels
 
-        model, ddp, acc, optimizer = build(name)
+        model, ddp, acc, optimizer = build(*case)
         buffer.seek(0)
         saved = torch.load(buffer)  # weights_only: the state is plain tensors and containers
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         acc.load_state_dict(saved["accordion"])
         train(ddp, optimizer, acc, range(2, 4), seed=100 + rank)
-        results[name] = straight, ([p.detach().clone() for p in model.parameters()], acc.levels)
+        results[case] = straight, ([p.detach().clone() for p in model.parameters()], acc.levels)
     return results
 
 
 @pytest.mark.slow
 @distributed
 def test_a_saved_accordion_state_resumes_bit_for_bit(tmp_path):
-    for result in run_workers(_resume_worker, tmp_path, timeout=120):
-        for name, ((straight, levels), (resumed, resumed_levels)) in result.items():
-            assert levels == resumed_levels, name
-            assert all(torch.equal(a, b) for a, b in zip(straight, resumed)), name
+    """One bucket or several (DDP regroups them after the first step), with error memory or
+    without: the resumed run computes every parameter bit for bit as the uninterrupted one."""
+    for result in run_workers(_resume_worker, tmp_path, timeout=150):
+        assert sorted(result, key=str) == sorted(RESUME_CASES, key=str)
+        for case, ((straight, levels), (resumed, resumed_levels)) in result.items():
+            assert levels == resumed_levels, case
+            differ = [float((a - b).abs().max()) for a, b in zip(straight, resumed)]
+            assert max(differ) == 0, (case, differ)
 
 
 # ---- one process: errors the user can act on ----------------------------------------------------

@@ -202,6 +202,9 @@ class AccordionHookState:
         stand_ins = [torch.zeros((), dtype=self.dtype, device=p.device).expand(p.shape)
                      for p in params]
         self.reducer = build_reducer(compressor, stand_ins, group=group, **options)
+        # DDP's buckets (regrouped after its first step) must not change a layer's rounding,
+        # or a resumed run's first step would differ from the step it replaces.
+        self.reducer.align_blocks()
         self._params = params
         self._position_of_ptr = {p.data_ptr(): i for i, p in enumerate(params)}
         self.async_op = bool(async_op)
