@@ -590,3 +590,110 @@ def test_topk_above_break_even_warns_once_and_end_epoch_on_one_rank_stops_both(t
                                "training; call end_epoch on every rank at the end of every epoch")
     assert r1["end_epoch"].startswith("another rank called Accordion.end_epoch(0) while rank 1 "
                                       "went on training")
+
+# ---- issue 37: arguments refused at construction; continuous LR schedules --------------------
+def _construction_worker(rank):
+    from accordion_repro.ddp import Accordion
+
+    def error(**kwargs):
+        torch.manual_seed(0)
+        try:
+            Accordion(DistributedDataParallel(SmallNet()), **kwargs)
+        except Exception as exc:  # noqa: BLE001 (the test looks at what the user would see)
+            return f"{type(exc).__name__}: {exc}"
+        return "no error"
+
+    return {"async_op": error(low=2, high=1, async_op="no"),
+            "PowerSGD": error(compressor="PowerSGD", low=2, high=1),
+            "none": error(compressor="none", low=2, high=1),
+            # rank 1 passes another high (and another seed): caught before any step
+            "high": error(low=2, high=1 + rank),
+            "seed": error(low=2, high=1, seed=rank),
+            "same": error(low=2, high=1, eta=0.5 if rank else 0.5000)}
+
+
+@pytest.mark.slow
+@distributed
+def test_mistyped_arguments_and_ranks_that_disagree_are_refused_at_construction(tmp_path):
+    for rank, out in enumerate(run_workers(_construction_worker, tmp_path, timeout=120)):
+        assert out["async_op"] == "ConfigError: async_op: must be true or false, got 'no'"
+        assert out["PowerSGD"] == ("ConfigError: compressor: unknown compressor 'PowerSGD': "
+                                   "Accordion takes 'powersgd' or 'topk' (PowerSGD ranks or "
+                                   "Top-K kept fractions); did you mean 'powersgd'?")
+        assert out["none"] == ("ConfigError: compressor: 'none' has no compression level to "
+                               "adapt; Accordion takes 'powersgd' or 'topk'")
+        assert out["high"] == (f"ConfigError: high: the ranks passed Accordion different values; "
+                               f"rank {rank} passed {1 + rank}: every rank must pass the same "
+                               "arguments")
+        assert out["seed"].startswith("ConfigError: seed: the ranks passed Accordion different")
+        assert out["same"] == "no error"
+
+
+def _cosine_run(rule):
+    """SmallNet on one rank under a cosine schedule (6 epochs of 2 steps); eta=10 sends every
+    layer to high at each check after the first, unless the LR rule holds it at low."""
+    import warnings
+
+    from accordion_repro.ddp import Accordion, AccordionWarning, lr_now_and_next
+
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(SmallNet())
+    acc = Accordion(ddp, "powersgd", low=2, high=1, eta=10.0, interval=1, lr_decay_rule=rule)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=6)
+    gen = torch.Generator().manual_seed(0)
+    levels, fired = [], []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for epoch in range(6):
+            for _ in range(2):
+                _step(ddp, optimizer, *_batch(gen))
+            levels.append(acc.end_epoch(epoch, *lr_now_and_next(scheduler)).levels)
+            fired.append(acc.report["lr_rule_fired"])
+            scheduler.step()
+    return levels, fired, [str(w.message) for w in caught if w.category is AccordionWarning]
+
+
+def test_a_continuous_lr_schedule_warns_or_counts_only_real_drops(one_rank_group):
+    levels, fired, warned = _cosine_run(True)  # the paper's rule: every drop is a decay
+    assert fired == [True] * 6 and all(lv == [2, 2, 2] for lv in levels)
+    [warning] = warned  # once, at the second drop in a row
+    assert warning.startswith("Accordion: the LR dropped at the end of epochs 0 and 1")
+    assert "never compresses at high; pass lr_decay_rule=0.5" in warning
+    levels, fired, warned = _cosine_run(0.4)  # drops of 40 % or more: the cosine's last epochs
+    assert fired == [False, False, False, True, True, True] and warned == []
+    assert levels[1] == levels[2] == [1, 1, 1]  # high compression between the decays
+
+
+def test_lr_now_and_next_reads_a_torch_scheduler_without_moving_it():
+    from accordion_repro.ddp import lr_now_and_next
+
+    def schedulers():
+        def optimizer():
+            return torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1, momentum=0.9)
+        step = optimizer()
+        yield torch.optim.lr_scheduler.MultiStepLR(step, milestones=[2, 4], gamma=0.1)
+        yield torch.optim.lr_scheduler.CosineAnnealingLR(optimizer(), T_max=5)
+        warm = optimizer()
+        yield torch.optim.lr_scheduler.SequentialLR(
+            warm, [torch.optim.lr_scheduler.LinearLR(warm, start_factor=0.1, total_iters=2),
+                   torch.optim.lr_scheduler.ExponentialLR(warm, gamma=0.5)], milestones=[2])
+        yield torch.optim.lr_scheduler.OneCycleLR(optimizer(), max_lr=1.0, total_steps=8)
+
+    for queried, plain in zip(schedulers(), schedulers()):
+        for _ in range(6):
+            queried.optimizer.step()
+            plain.optimizer.step()
+            before = plain.optimizer.param_groups[0]["lr"]
+            momentum = plain.optimizer.param_groups[0]["momentum"]
+            got = lr_now_and_next(queried)
+            plain.step()
+            assert got == (before, plain.optimizer.param_groups[0]["lr"]), type(plain).__name__
+            queried.step()  # the query moved nothing: the two stay in step
+            assert queried.optimizer.param_groups[0]["lr"] == plain.optimizer.param_groups[0]["lr"]
+            assert queried.optimizer.param_groups[0]["momentum"] == \
+                plain.optimizer.param_groups[0]["momentum"], momentum
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(
+        torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1))
+    with pytest.raises(TypeError, match="ReduceLROnPlateau decides its next LR from a metric"):
+        lr_now_and_next(plateau)

@@ -29,6 +29,7 @@ from functools import lru_cache
 
 import torch
 
+from ..options import Options
 from .build import build_reducer
 from .base import Phase, Reducer
 from .stats import CommStats
@@ -192,6 +193,9 @@ class AccordionHookState:
 
     def __init__(self, model: torch.nn.Module, compressor: str = "powersgd", *, group=None,
                  async_op: bool = True, check_levels: bool = True, **options):
+        flags = Options("AccordionHookState", {"async_op": async_op, "check_levels": check_levels})
+        for flag in ("async_op", "check_levels"):  # before any work: the string "no" is truthy
+            flags.flag(flag)
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError("the model has no trainable parameters")
@@ -207,10 +211,10 @@ class AccordionHookState:
         self.reducer.align_blocks()
         self._params = params
         self._position_of_ptr = {p.data_ptr(): i for i, p in enumerate(params)}
-        self.async_op = bool(async_op)
+        self.async_op = async_op
         self.detector = None
         self.stats = CommStats()
-        self.check_levels = bool(check_levels)
+        self.check_levels = check_levels
         self._pipeline = BucketPipeline()
         self._step_stats: CommStats | None = None  # of the reduction in progress, if any
 
