@@ -101,6 +101,21 @@ def _trainer_path_worker(rank, example_file):
             "averaged": averaged_reports}
 
 
+def _torchrun(example_file, **env) -> str:
+    """Run the example on 2 ranks in its own folder; its stdout."""
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+         "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(example_file)],
+        cwd=example_file.parent, env=dict(os.environ, OMP_NUM_THREADS="1", **env),
+        capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    return run.stdout
+
+
+def _logged(folder) -> list[dict]:
+    return [json.loads(line) for line in (folder / "accordion_log.jsonl").read_text().splitlines()]
+
+
 @pytest.mark.slow
 @distributed
 def test_readme_example_runs_under_torchrun_and_its_detector_sees_local_gradients(tmp_path,
@@ -109,15 +124,8 @@ def test_readme_example_runs_under_torchrun_and_its_detector_sees_local_gradient
     assert f"Accordion(model, {EXAMPLE_SETTINGS})" in code
     example_file = tmp_path / "accordion_example.py"
     example_file.write_text(code)
-    env = dict(os.environ, EPOCHS="4", STEPS="4", OMP_NUM_THREADS="1")
-    run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-         "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(example_file)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
-    assert "epoch 3:" in run.stdout
-    log = (tmp_path / "accordion_log.jsonl").read_text()
-    logged = [json.loads(line) for line in log.splitlines()]
+    assert "epoch 3:" in _torchrun(example_file, EPOCHS="4", STEPS="4")
+    logged = _logged(tmp_path)
     assert [r["epoch"] for r in logged] == [0, 1, 2, 3]
 
     monkeypatch.setenv("EPOCHS", "4")  # the spawned reference reads the same sizes
@@ -135,9 +143,29 @@ def test_readme_example_runs_under_torchrun_and_its_detector_sees_local_gradient
         levels_seen.add(tuple(got["critical"]))
     assert len(levels_seen) > 1  # the run switched levels at least once
 
-    saved = torch.load(tmp_path / "checkpoint_rank0.pt")
+    saved = torch.load(tmp_path / "accordion_checkpoints" / "rank0.pt")
     for got, want in zip(saved["model"].values(), direct["params"]):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@distributed
+def test_the_readme_example_resumes_only_when_asked_and_saves_on_every_rank(tmp_path):
+    """A rerun with more epochs starts afresh (it used to continue the old checkpoint_rank*.pt
+    in the working directory); RESUME=1 continues from every rank's own file."""
+    code = readme_example()
+    assert 'the usual "save on rank 0" leaves ranks 1.. nothing to resume' in code
+    example_file = tmp_path / "accordion_example.py"
+    example_file.write_text(code)
+    _torchrun(example_file, EPOCHS="2", STEPS="2")
+    again = _torchrun(example_file, EPOCHS="3", STEPS="2")
+    assert "epoch 0:" in again and [r["epoch"] for r in _logged(tmp_path)] == [0, 1, 2]
+    assert not list(tmp_path.glob("*.pt"))  # nothing in the working directory
+    saved = sorted(p.name for p in (tmp_path / "accordion_checkpoints").iterdir())
+    assert saved == ["rank0.pt", "rank1.pt"]
+    resumed = _torchrun(example_file, EPOCHS="4", STEPS="2", RESUME="1")
+    assert "epoch 0:" not in resumed and "epoch 3:" in resumed
+    assert [r["epoch"] for r in _logged(tmp_path)] == [0, 1, 2, 3]
 
 
 # ---- Accordion = the trainer's reducer path --------------------------------------------------
@@ -590,6 +618,7 @@ def test_topk_above_break_even_warns_once_and_end_epoch_on_one_rank_stops_both(t
                                "training; call end_epoch on every rank at the end of every epoch")
     assert r1["end_epoch"].startswith("another rank called Accordion.end_epoch(0) while rank 1 "
                                       "went on training")
+
 
 # ---- issue 37: arguments refused at construction; continuous LR schedules --------------------
 def _construction_worker(rank):
