@@ -15,7 +15,10 @@ own loop (engine/trainer.py; docs/compressors.md says why that loop stays separa
 
 from __future__ import annotations
 
+import copy
+import difflib
 import warnings
+import zlib
 from dataclasses import fields
 
 import torch
@@ -29,6 +32,7 @@ from .comm.config import SETTINGS as COMPRESSOR_SETTINGS
 from .comm.ddp_hook import AccordionHookState, accordion_hook, check_agreement
 from .comm.stats import CommStats
 from .errors import ConfigError
+from .options import Options, defaults_of, is_real
 
 _STATE_VERSION = 1
 DETECTOR_OPTIONS = tuple(f.name for f in fields(DetectorSettings))
@@ -42,6 +46,12 @@ class AccordionWarning(UserWarning):
 def _compressor_options(compressor: str, level: str) -> list[str]:
     """The compressor's own keywords that Accordion passes through (its level is low/high)."""
     return sorted(f.name for f in fields(COMPRESSOR_SETTINGS[compressor]) if f.name != level)
+
+
+# The compressors whose level Accordion adapts, and every option any of them passes through.
+ADAPTABLE = tuple(sorted(name for name in COMPRESSOR_SETTINGS if level_option(name) is not None))
+PASSED_OPTIONS = tuple(sorted({option for name in ADAPTABLE
+                               for option in _compressor_options(name, level_option(name))}))
 
 
 def _in_callers_words(exc: ConfigError, level: str) -> ConfigError:
@@ -71,9 +81,7 @@ class Accordion:
             raise TypeError("Accordion needs the DistributedDataParallel-wrapped model (it "
                             "registers a communication hook on it), got "
                             f"{type(ddp_model).__name__}")
-        if compressor not in COMPRESSOR_SETTINGS or level_option(compressor) is None:
-            raise ValueError(f"Accordion adapts a compression level; compressor {compressor!r} "
-                             "has none (use powersgd or topk)")
+        _check_compressor(compressor)
         option = level_option(compressor)
         passed = _compressor_options(compressor, option)
         if option in options:
@@ -87,9 +95,21 @@ class Accordion:
                 f"and {compressor}'s {', '.join(passed)}")
         group = ddp_model.process_group
         detector = {name: options.pop(name) for name in DETECTOR_OPTIONS if name in options}
+        # Every rank must pass the same arguments (checked below, once, across the ranks).
+        # The same names, in the same order, on every rank, whatever the compressor.
+        compressor_defaults = defaults_of(COMPRESSOR_SETTINGS[compressor])
+        arguments = {"compressor": compressor, "low": low, "high": high, "async_op": async_op,
+                     "check_levels": check_levels, **defaults_of(DetectorSettings), **detector,
+                     **{name: options.get(name, compressor_defaults.get(name))
+                        for name in PASSED_OPTIONS}}
+        self.lr_drop = _lr_drop(detector.get("lr_decay_rule", True))
+        if "lr_decay_rule" in detector:  # the detector's rule fires on any drop it is shown
+            detector["lr_decay_rule"] = self.lr_drop is not None
         options = {option: low, **options}
         world_size = dist.get_world_size(group)
         try:
+            Options("Accordion", {"check_levels": check_levels}).flag("check_levels")
+            # AccordionHookState refuses an async_op that is not a bool ("no" is truthy).
             # The level check runs in this object's forward pre-hook instead (below), where a
             # rank that calls end_epoch alone meets it before any gradient collective.
             self.state = AccordionHookState(ddp_model.module, compressor, group=group,
@@ -100,9 +120,10 @@ class Accordion:
                 world_size=world_size, low=low, high=high, **detector)
         except ConfigError as exc:
             raise _in_callers_words(exc, option) from None
+        _check_same_on_every_rank(arguments, self.state.reducer)
         self.rank = dist.get_rank(group)
         self._src = dist.get_global_rank(group, 0)  # the group's rank 0 decides
-        self.check_levels = bool(check_levels)
+        self.check_levels = check_levels
         if compressor == "topk" and self.rank == 0:
             _warn_above_break_even({"low": low, "high": high}, world_size)
         # Rank 0's local gradients decide, as in the paper's code; the other ranks skip the sums.
@@ -114,6 +135,8 @@ class Accordion:
         self.state.set_levels(self.plan.levels)
         self.report: dict | None = None
         self._group = group
+        self._fired_at: int | None = None  # the last epoch whose LR drop made all layers critical
+        self._warned_continuous = False
         ddp_model.register_comm_hook(self.state, accordion_hook)
         if self.check_levels:
             ddp_model.register_forward_pre_hook(self._check_before_forward)
@@ -159,13 +182,39 @@ class Accordion:
             check_agreement(self.state.reducer, ending_epoch=epoch)
         decision = None
         if self.detector is not None:
-            critical = self.detector.end_epoch(epoch, lr_now, lr_next)
+            # A drop below lr_decay_rule's threshold is not shown to the detector as a decay.
+            shown_next = lr_next if self._counts_as_decay(lr_now, lr_next) else lr_now
+            critical = self.detector.end_epoch(epoch, lr_now, shown_next)
             decision = {"critical": critical, "report": self.detector.report}
+            self._warn_if_continuous(epoch, lr_now, lr_next)
         decision = broadcast_object(decision, src=self._src, group=self._group)
         self.plan = self.schedule.on_epoch_end(epoch, decision["critical"])
         self.state.set_levels(self.plan.levels)
         self.report = {**decision["report"], "uncompressed_layers": self.uncompressed_layers}
         return self.plan
+
+    def _counts_as_decay(self, lr_now: float, lr_next: float) -> bool:
+        """lr_decay_rule=True: any drop; a number: a relative drop of at least that much."""
+        if self.lr_drop is None or not lr_next < lr_now:
+            return False
+        return self.lr_drop == 0.0 or lr_now > 0 and (lr_now - lr_next) / lr_now >= self.lr_drop
+
+    def _warn_if_continuous(self, epoch: int, lr_now: float, lr_next: float) -> None:
+        """Rank 0, once: the rule fired at two epochs in a row. A step schedule decays a few
+        times in a run; a continuous one (cosine, exponential, linear) lowers the LR every
+        epoch, and with lr_decay_rule=True every layer would stay at `low` for good."""
+        if not self.detector.report["lr_rule_fired"]:
+            return
+        if self._fired_at == epoch - 1 and self.lr_drop == 0.0 and not self._warned_continuous:
+            self._warned_continuous = True
+            warnings.warn(
+                f"Accordion: the LR dropped at the end of epochs {epoch - 1} and {epoch} (now "
+                f"{lr_now:.4g} -> {lr_next:.4g}, {100 * (lr_now - lr_next) / lr_now:.2g} %): "
+                "lr_decay_rule=True counts every drop as a decay and holds every layer at low "
+                "in the epoch after it, so a continuous schedule (cosine, exponential, linear) "
+                "never compresses at high; pass lr_decay_rule=0.5 (a drop of half or more "
+                "counts) or False", AccordionWarning, stacklevel=3)
+        self._fired_at = epoch
 
     # ---- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -204,6 +253,79 @@ class Accordion:
         self.state.set_level(layer_name, level)
 
 
+def _check_compressor(compressor) -> None:
+    """Only compressors with a level to adapt; an unknown name gets the valid ones."""
+    if compressor in ADAPTABLE:
+        return
+    valid = " or ".join(map(repr, ADAPTABLE))
+    if compressor in COMPRESSOR_SETTINGS:
+        raise ConfigError("compressor", f"{compressor!r} has no compression level to adapt; "
+                                        f"Accordion takes {valid}")
+    close = difflib.get_close_matches(str(compressor).lower(), ADAPTABLE, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ConfigError("compressor", f"unknown compressor {compressor!r}: Accordion takes {valid} "
+                                    f"(PowerSGD ranks or Top-K kept fractions){hint}")
+
+
+def _lr_drop(rule) -> float | None:
+    """lr_decay_rule as a threshold: None (off), 0.0 (any drop, the paper's rule) or the
+    relative drop (lr_now - lr_next) / lr_now from which a drop counts as a decay."""
+    if isinstance(rule, bool):
+        return 0.0 if rule else None
+    if is_real(rule) and 0 < rule <= 1:
+        return float(rule)
+    raise ConfigError("lr_decay_rule", "must be True (any LR drop is a decay), False, or the "
+                                       "relative drop from which a drop counts, in (0, 1]; "
+                                       f"got {rule!r}")
+
+
+def _fingerprint(value) -> int:
+    """The same number on every process for equal arguments (2 and 2.0 alike)."""
+    text = repr(float(value)) if is_real(value) else repr(value)
+    return zlib.crc32(text.encode())
+
+
+def _check_same_on_every_rank(arguments: dict, reducer) -> None:
+    """One small all-reduce at construction: every rank passed the same arguments. A rank
+    with another `high` would otherwise train alike until the levels first diverge, and a
+    rank with another `seed` would average unrelated Q's without any error."""
+    differ = reducer.comm.differing([_fingerprint(v) for v in arguments.values()],
+                                    reducer.device)
+    names = [name for name, different in zip(arguments, differ) if different]
+    if names:
+        also = f" (also {', '.join(names[1:])})" if names[1:] else ""
+        raise ConfigError(names[0], f"the ranks passed Accordion different values{also}; rank "
+                                    f"{reducer.comm.rank} passed {arguments[names[0]]!r}: every "
+                                    "rank must pass the same arguments")
+
+
+def lr_now_and_next(scheduler, group: int = 0) -> tuple[float, float]:
+    """(lr_now, lr_next) of param group `group` for Accordion.end_epoch, from a torch LR
+    scheduler stepped once per epoch: call it at the end of the epoch, before
+    `scheduler.step()`. It steps the scheduler once and restores it (and the optimizer's
+    param groups: LR, momentum, betas), so any schedule (chained, sequential, one-cycle)
+    answers as its own step() will."""
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        raise TypeError("ReduceLROnPlateau decides its next LR from a metric passed to step(): "
+                        "pass lr_now and lr_next to end_epoch yourself (lr_next = lr_now "
+                        "unless the plateau rule will fire)")
+    optimizer = scheduler.optimizer
+    lr_now = optimizer.param_groups[group]["lr"]
+    saved_scheduler = copy.deepcopy(scheduler.state_dict())
+    saved_groups = [copy.deepcopy({k: v for k, v in g.items() if k != "params"})
+                    for g in optimizer.param_groups]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "step() before optimizer.step()" and the like
+            scheduler.step()
+        lr_next = optimizer.param_groups[group]["lr"]
+    finally:
+        scheduler.load_state_dict(saved_scheduler)
+        for param_group, saved in zip(optimizer.param_groups, saved_groups):
+            param_group.update(saved)
+    return float(lr_now), float(lr_next)
+
+
 def _warn_above_break_even(levels: dict[str, float], world_size: int) -> None:
     """Top-K's all-gather sends 2 k values and indices from each of `world_size` workers: a
     layer costs 2 x ratio x world_size of its dense all-reduce, so a ratio at or above
@@ -218,4 +340,4 @@ def _warn_above_break_even(levels: dict[str, float], world_size: int) -> None:
                 f"{break_even:g} (1 / (2 x world size))", AccordionWarning, stacklevel=3)
 
 
-__all__ = ["Accordion", "AccordionWarning"]
+__all__ = ["Accordion", "AccordionWarning", "lr_now_and_next"]

@@ -64,6 +64,11 @@ class Reducer:
         self._slot_buffers: dict = {}
 
     # ---- levels ---------------------------------------------------------------------------
+    def align_blocks(self) -> None:
+        """Make each layer's arithmetic independent of the layers reduced with it (the DDP
+        hook calls it; PowerSGD overrides it). Averaging, error memory and Top-K's selection
+        are element by element and exact wherever a layer sits, so here nothing changes."""
+
     def _check_level(self, level):
         option, kind = SETTINGS[self.name].LEVEL
         if kind is None:

@@ -42,6 +42,18 @@ class Communicator:
         self.rank = dist.get_rank(group) if self.distributed else 0
         self.gloo_segment = GLOO_ALLGATHER_SEGMENT
 
+    def differing(self, values: list[int], device: torch.device) -> list[bool]:
+        """Which of `values` (as many on every worker) are not the same on every worker, in one
+        tiny blocking all-reduce of their maxima and their negatives' maxima (not counted in
+        CommStats: it checks agreement, it moves no gradient)."""
+        if not self.distributed:
+            return [False] * len(values)
+        pairs = torch.tensor(list(values) + [-v for v in values], dtype=torch.int64,
+                             device=device)
+        dist.all_reduce(pairs, op=dist.ReduceOp.MAX, group=self.group)
+        largest, negated_smallest = pairs.view(2, -1).tolist()
+        return [big != -small for big, small in zip(largest, negated_smallest)]
+
     def all_reduce_sum(self, buffer: torch.Tensor, stats: CommStats):
         """Start summing `buffer` over workers in place; the work handle (None if nothing sent)."""
         if not self.distributed or buffer.numel() == 0:

@@ -29,6 +29,7 @@ from functools import lru_cache
 
 import torch
 
+from ..options import Options
 from .build import build_reducer
 from .base import Phase, Reducer
 from .stats import CommStats
@@ -192,6 +193,9 @@ class AccordionHookState:
 
     def __init__(self, model: torch.nn.Module, compressor: str = "powersgd", *, group=None,
                  async_op: bool = True, check_levels: bool = True, **options):
+        flags = Options("AccordionHookState", {"async_op": async_op, "check_levels": check_levels})
+        for flag in ("async_op", "check_levels"):  # before any work: the string "no" is truthy
+            flags.flag(flag)
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError("the model has no trainable parameters")
@@ -202,12 +206,15 @@ class AccordionHookState:
         stand_ins = [torch.zeros((), dtype=self.dtype, device=p.device).expand(p.shape)
                      for p in params]
         self.reducer = build_reducer(compressor, stand_ins, group=group, **options)
+        # DDP's buckets (regrouped after its first step) must not change a layer's rounding,
+        # or a resumed run's first step would differ from the step it replaces.
+        self.reducer.align_blocks()
         self._params = params
         self._position_of_ptr = {p.data_ptr(): i for i, p in enumerate(params)}
-        self.async_op = bool(async_op)
+        self.async_op = async_op
         self.detector = None
         self.stats = CommStats()
-        self.check_levels = bool(check_levels)
+        self.check_levels = check_levels
         self._pipeline = BucketPipeline()
         self._step_stats: CommStats | None = None  # of the reduction in progress, if any
 
