@@ -100,19 +100,12 @@ def _require(cond: bool, key: str, message: str) -> None:
 
 def _check_fsdp(c: dict, t, world: int) -> None:
     """dist.strategy=fsdp refuses, before any rank starts, what it cannot shard (one line each)."""
-    from accordion_repro.engine.settings import OptimSettings
-
     _require(world >= 2, "dist.strategy",
              f"fsdp needs 2 or more ranks, got {world}: with one, FSDP reduces nothing and the "
              "compressor never runs (dist.nproc_per_node=2, or dist.strategy=ddp)")
     _require(t.precision != "fp16", "trainer.precision",
              "fp16 is not supported under dist.strategy=fsdp: loss scaling unscales each rank's "
              "local gradient, which FSDP reduces inside backward; use bf16 or fp32")
-    optim = OptimSettings.from_config(c["optim"])
-    _require(not (optim.clip_grad_norm and optim.clip_point == "local"), "optim.clip_point",
-             "local is not supported under dist.strategy=fsdp: each rank's whole local gradient "
-             "never exists at once (FSDP reduces unit by unit inside backward); set "
-             "optim.clip_point=averaged")
 
 
 def validate(cfg: DictConfig) -> None:

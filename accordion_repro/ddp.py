@@ -156,7 +156,8 @@ class Accordion:
                 if reducer._sends_dense(layer, level)]
 
     def pop_stats(self) -> CommStats:
-        """Floats, bytes and collectives this rank sent since the last call."""
+        """Floats, bytes and collectives this rank sent since the last call (under FSDP also
+        fsdp_reduce_scatter_bytes: what FSDP's own reduce-scatter would have sent)."""
         return self.state.pop_stats()
 
     # ---- end of an epoch ------------------------------------------------------------------

@@ -14,6 +14,8 @@ tolerance tests/test_comm_distributed.py uses between the DDP hook and the reduc
 reason. Top-K does no products and stays bit for bit.
 """
 
+import re
+
 import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -275,3 +277,119 @@ def test_unsupported_fsdp_setups_are_refused_with_one_line(one_rank_group, case)
         Accordion(wrap(SmallNet()), "powersgd", low=2, high=1)
     message = str(caught.value)
     assert expected in message and "\n" not in message, message
+
+
+# ---- the trainer: dist.strategy=fsdp ------------------------------------------------------------
+CONFIG_REFUSED = {
+    "unknown_strategy": (["dist.strategy=hsdp"], "dist.strategy", "must be one of ddp, fsdp"),
+    "one_rank": (["dist.strategy=fsdp", "dist.nproc_per_node=1"], "dist.strategy",
+                 "fsdp needs 2 or more ranks"),
+    "fp16_loss_scaling": (["dist.strategy=fsdp", "dist.nproc_per_node=2", "trainer.precision=fp16"],
+                          "trainer.precision", "fp16 is not supported under dist.strategy=fsdp"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONFIG_REFUSED))
+def test_trainer_refuses_what_fsdp_cannot_shard_before_any_rank_starts(case):
+    from accordion_repro.config import validate
+    from accordion_repro.errors import ConfigError
+    from conftest import compose_cfg
+
+    overrides, key, expected = CONFIG_REFUSED[case]
+    with pytest.raises(ConfigError) as caught:
+        validate(compose_cfg(["dataset=synthetic_cifar10", *overrides]))
+    assert caught.value.key == key and expected in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+TRAINER_RUN = ["model=resnet18", "model.width=0.25", "dataset=synthetic_cifar10",
+               "dataset.train_size=48", "dataset.test_size=16", "trainer.batch_size=8",
+               "trainer.eval_batch_size=16", "dist.nproc_per_node=2", "trainer.epochs=2",
+               "trainer.max_steps_per_epoch=2", "trainer.max_eval_steps=1",
+               "optim.warmup_epochs=0", "trainer.checkpoint=false"]
+TIMES = ("epoch_time_s", "compute_time_s", "comm_time_s")
+
+
+@pytest.mark.slow
+@distributed
+@pytest.mark.parametrize("compressor", ["none", "powersgd"])
+def test_trainer_under_fsdp_logs_what_it_logs_under_ddp(tmp_path, compressor):
+    """The same run under both strategies: dense, the metrics are equal to the last bit (the
+    reduce-scatter averages what the all-reduce averages; the rank that evaluates only because
+    an FSDP forward needs every rank keeps its random streams); with PowerSGD the levels,
+    floats and bytes are equal and the floats agree as _agree says."""
+    from conftest import read_metrics, train
+
+    extra = [] if compressor == "none" else [
+        "compressor=powersgd", "schedule=accordion", "schedule.low=2", "schedule.high=1",
+        "schedule.interval=1"]
+    runs = {strategy: read_metrics(train([*TRAINER_RUN, *extra, f"dist.strategy={strategy}"],
+                                         tmp_path / strategy))
+            for strategy in ("ddp", "fsdp")}
+    for ddp, fsdp in zip(runs["ddp"], runs["fsdp"]):
+        assert fsdp["collectives"] > ddp["collectives"]  # one reduction per unit, not per step
+        for key in set(ddp) - set(TIMES) - {"collectives"}:
+            if compressor == "none":
+                assert ddp[key] == fsdp[key], key
+            else:
+                _agree(fsdp[key], ddp[key], key)
+
+
+def _agree(got, want, where: str) -> None:
+    """Equal, floats to a relative 1e-3 or 1e-4 absolute, inside dicts and lists (the
+    detector's report: its ratios are differences of epoch norms over a few steps, where the
+    last-bit differences of the packing, through rank-2 orthonormalisations of P, grow to about
+    1e-5 absolute; its decisions, the levels, are compared exactly)."""
+    if isinstance(want, float):
+        assert got == pytest.approx(want, rel=1e-3, abs=1e-4), where
+    elif isinstance(want, dict):
+        assert got.keys() == want.keys(), where
+        for key in want:
+            _agree(got[key], want[key], f"{where}.{key}")
+    elif isinstance(want, list):
+        assert len(got) == len(want), where
+        for index, (a, b) in enumerate(zip(got, want)):
+            _agree(a, b, f"{where}[{index}]")
+    else:
+        assert got == want, where
+
+
+# ---- docs/fsdp.md's own-code example, verbatim under torchrun -----------------------------------
+def fsdp_example() -> str:
+    """The python block of docs/fsdp.md's "In your own code" section."""
+    from conftest import REPO
+
+    text = (REPO / "docs" / "fsdp.md").read_text()
+    section = text.split("## In your own code", 1)[1].split("\n## ", 1)[0]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+@pytest.mark.slow
+@distributed
+def test_docs_example_runs_under_torchrun_and_resumes(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from test_comm_distributed import free_port
+
+    example = tmp_path / "fsdp_example.py"
+    example.write_text(fsdp_example())
+
+    def run(epochs):
+        env = dict(os.environ, EPOCHS=str(epochs), STEPS="3", OMP_NUM_THREADS="1")
+        done = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+             "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(example)],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+        return [line for line in done.stdout.splitlines() if line.startswith("epoch ")]
+
+    first = run(2)
+    assert [line.split(":")[0] for line in first] == ["epoch 0", "epoch 1"]
+    sent, alone = (int(w) for w in re.findall(r"sent (\d+) bytes \(FSDP alone: (\d+)\)",
+                                              first[0])[0])
+    assert 0 < sent < alone
+    assert "error memory 0 bytes" not in first[0]
+    resumed = run(4)  # picks up the per-rank checkpoints of epoch 1
+    assert [line.split(":")[0] for line in resumed] == ["epoch 2", "epoch 3"]

@@ -23,6 +23,8 @@ memory, warm-start Q, level) does not depend on how the model is split into unit
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
@@ -152,7 +154,10 @@ class FSDPReducerState(ReducerState):
     """
 
     def __init__(self, model: torch.nn.Module, compressor: str = "powersgd", *,
-                 check_levels: bool = True, **options):
+                 check_levels: bool = True, clip_local: float | None = None, **options):
+        """`clip_local`: clip each rank's whole local gradient to this L2 norm before the
+        detector and compression (the official LSTM's clipping, optim.clip_point=local); it
+        needs the whole model in one unit (only the root fully_shard), where one call sees it."""
         group = check_fsdp_model(model)
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         super().__init__(named, compressor, group=group, check_levels=check_levels, **options)
@@ -170,6 +175,11 @@ class FSDPReducerState(ReducerState):
                                      fsdp_params, self.world_size)
                 self.layouts.append(layout)
                 unit.set_custom_reduce_scatter(AccordionReduceScatter(self, layout))
+        if clip_local and len(self.layouts) != 1:
+            raise FSDPSetupError("clipping each rank's local gradient needs the whole model in "
+                                 f"one FSDP unit (fully_shard the root only), not "
+                                 f"{len(self.layouts)}")
+        self.clip_local = clip_local
         self._step: CommStats | None = None  # of the backward pass in progress, if any
 
     # ---- one unit ---------------------------------------------------------------------------
@@ -193,6 +203,11 @@ class FSDPReducerState(ReducerState):
         padded = layout.whole_gradients(flat, self.dtype)
         grads = [whole[:shape[0]] for whole, shape in zip(padded, layout.shapes)]
         reducer = self.reducer
+        if self.clip_local:  # as clip_grad_norm_ on the model's parameters, in their order
+            ordered = [grads[j] for j in sorted(range(len(grads)), key=layout.positions.__getitem__)]
+            torch.nn.utils.clip_grads_with_norm_(
+                [SimpleNamespace(grad=g) for g in ordered], self.clip_local,
+                torch.nn.utils.get_total_norm(ordered))
         if self.detector is not None:
             layers = [(layer, g) for pos, g in zip(layout.positions, grads)
                       if (layer := reducer.layer_of_tensor[pos]) is not None]

@@ -13,8 +13,10 @@ import torch
 import torch.distributed as dist
 
 
-def shard_model(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """fully_shard each direct child that holds parameters of its own, then the root.
+def shard_model(model: torch.nn.Module, device: torch.device, *,
+                one_unit: bool = False) -> torch.nn.Module:
+    """fully_shard each direct child that holds parameters of its own, then the root
+    (`one_unit`: the root only, so one reduce-scatter sees the whole gradient).
 
     A child that shares a parameter with another module (the LSTM's tied encoder and decoder)
     stays in the root unit: FSDP2 shards each parameter in one unit only.
@@ -24,7 +26,7 @@ def shard_model(model: torch.nn.Module, device: torch.device) -> torch.nn.Module
 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
-    for child in model.children():
+    for child in () if one_unit else model.children():
         params = list(child.parameters())
         if params and all(uses[id(p)] == 1 for p in params):
             fully_shard(child, mesh=mesh)

@@ -102,8 +102,11 @@ class Trainer:
         if DistSettings.from_config(cfg["dist"]).strategy == "fsdp":
             from accordion_repro.comm.fsdp import FSDPReducerState
 
-            self.model = sharding.shard_model(self.model, self.device)
-            self.fsdp = FSDPReducerState(self.model, comp_name, check_levels=False, **comp)
+            # clip_point=local clips each rank's whole local gradient inside the one reduction
+            clip_local = self.optim.clip_grad_norm if self.optim.clip_point == "local" else None
+            self.model = sharding.shard_model(self.model, self.device, one_unit=bool(clip_local))
+            self.fsdp = FSDPReducerState(self.model, comp_name, check_levels=False,
+                                         clip_local=clip_local, **comp)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.reducer = (self.fsdp.reducer if self.fsdp is not None
                         else build_reducer(comp_name, self.params, **comp))
@@ -217,11 +220,16 @@ class Trainer:
                 # rank 0's replica is the one reported, as in the official code; an FSDP
                 # forward needs every rank (its all-gathers), so there all of them evaluate
                 if self.rank == 0 or self.fsdp is not None:
+                    # another rank's data loaders draw seeds from its random streams: it leaves
+                    # them as it found them, so it trains on what it would under ddp
+                    streams = checkpoint.rng_state() if self.rank != 0 else None
                     self.model.eval()
                     with autocast(self.device, t.precision):
                         evaluated = self.task.evaluate(self.model, t.max_eval_steps)
                     if self.rank == 0:
                         record.update(evaluated)
+                    else:
+                        checkpoint.set_rng_state(streams)
                 record.update(self._end_epoch(epoch))
                 if self.rank == 0:  # only rank 0 evaluated
                     self.metric_lines.append(self.logger.log_epoch(record))
@@ -399,7 +407,8 @@ class Trainer:
         if self.scaler is not None and self.scaler.unscale(grads, self._max_over_ranks):
             return step_loss, grads, True
         clip = self.optim.clip_grad_norm
-        if clip and self.optim.clip_point == "local":  # p.grad is still this worker's own gradient
+        if clip and self.optim.clip_point == "local" and self.fsdp is None:  # p.grad is still
+            # this worker's own gradient (under FSDP the comm clipped it, before reducing)
             torch.nn.utils.clip_grad_norm_(self.params, clip)
         if self.detector is not None and self.fsdp is None:  # FSDP's comm fed it in backward
             self.detector.accumulate([grads[i] for i in self.compressible])
