@@ -259,7 +259,14 @@ def _divide_factor(model):
     return model
 
 
+def _fsdp1(model):
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return FullyShardedDataParallel(model, device_id=torch.device("cpu"))
+
+
 REFUSED = {
+    "fsdp1_wrapper": (_fsdp1, "not the FullyShardedDataParallel wrapper (FSDP1)"),
     "hybrid_sharding": (_hybrid, "hybrid sharding (HSDP, a 2-D mesh) is not supported"),
     "fp16_reduction": (_fp16_reduction, "float16 gradient reduction is not supported"),
     "divide_factor": (_divide_factor, "set_gradient_divide_factor"),
