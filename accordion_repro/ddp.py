@@ -1,12 +1,13 @@
-"""Accordion on your own DistributedDataParallel model, in one object.
+"""Accordion on your own DistributedDataParallel or FSDP2 (fully_shard) model, in one object.
 
     acc = Accordion(ddp_model, compressor="powersgd", low=2, high=1, eta=0.5, interval=10)
     for epoch in range(epochs):
         ...                                          # train as usual: forward, backward, step
         acc.end_epoch(epoch, lr_now, lr_next)        # every rank, at the end of each epoch
 
-The object registers the Accordion hook on the model (comm/ddp_hook.py), feeds rank 0's
-detector each bucket's *local* gradients before they are reduced (after backward() p.grad holds
+The object registers the Accordion hook on the model (comm/ddp_hook.py; for a fully_shard model,
+each unit's custom reduce-scatter, comm/fsdp.py, docs/fsdp.md), feeds rank 0's
+detector each bucket's (unit's) *local* gradients before they are reduced (after backward() p.grad holds
 the averaged, compressed gradient, which would change the decisions), applies the schedule's
 initial plan (every layer at `low`), and at the end of an epoch lets rank 0 decide, broadcasts
 the decision and applies the plan on every rank. It is what the suite's trainer does in its
@@ -30,6 +31,7 @@ from .comm import level_option
 from .comm.collectives import broadcast_object
 from .comm.config import SETTINGS as COMPRESSOR_SETTINGS
 from .comm.ddp_hook import AccordionHookState, accordion_hook, check_agreement
+from .comm.fsdp import FSDPReducerState, is_fsdp_model
 from .comm.stats import CommStats
 from .errors import ConfigError
 from .options import Options, defaults_of, is_real
@@ -66,21 +68,23 @@ def _in_callers_words(exc: ConfigError, level: str) -> ConfigError:
 
 
 class Accordion:
-    """Adaptive per-layer compression for a DistributedDataParallel model.
+    """Adaptive per-layer compression for a DistributedDataParallel or fully_shard model.
 
     `low` is the level inside critical regimes (PowerSGD rank, or Top-K kept fraction) and
     `high` the level outside them; `eta`, `interval`, `lr_decay_rule` and `statistic` are the
     detector's (docs/schedules.md; their defaults are DetectorSettings'). Other keywords go to
     the compressor (error_feedback, warm_start, seed for PowerSGD; official_topk for Top-K).
-    `async_op` and `check_levels` go to AccordionHookState (comm/ddp_hook.py).
+    `async_op` and `check_levels` go to AccordionHookState (comm/ddp_hook.py); `async_op` is
+    DDP's only (an FSDP unit's reduce-scatter is synchronous in FSDP's own stream).
     """
 
-    def __init__(self, ddp_model: DistributedDataParallel, compressor: str = "powersgd", *,
+    def __init__(self, ddp_model, compressor: str = "powersgd", *,
                  low, high, async_op: bool = True, check_levels: bool = True, **options):
-        if not isinstance(ddp_model, DistributedDataParallel):
-            raise TypeError("Accordion needs the DistributedDataParallel-wrapped model (it "
-                            "registers a communication hook on it), got "
-                            f"{type(ddp_model).__name__}")
+        fsdp = is_fsdp_model(ddp_model)
+        if not fsdp and not isinstance(ddp_model, DistributedDataParallel):
+            raise TypeError("Accordion needs the DistributedDataParallel-wrapped model or a "
+                            "model wrapped with fully_shard (it hooks their gradient "
+                            f"communication), got {type(ddp_model).__name__}")
         _check_compressor(compressor)
         option = level_option(compressor)
         passed = _compressor_options(compressor, option)
@@ -93,7 +97,6 @@ class Accordion:
                 f"Accordion() got an unexpected keyword argument {unknown[0]!r}; it takes low, "
                 f"high, async_op, check_levels, the detector's {', '.join(DETECTOR_OPTIONS)} "
                 f"and {compressor}'s {', '.join(passed)}")
-        group = ddp_model.process_group
         detector = {name: options.pop(name) for name in DETECTOR_OPTIONS if name in options}
         # Every rank must pass the same arguments (checked below, once, across the ranks).
         # The same names, in the same order, on every rank, whatever the compressor.
@@ -106,14 +109,21 @@ class Accordion:
         if "lr_decay_rule" in detector:  # the detector's rule fires on any drop it is shown
             detector["lr_decay_rule"] = self.lr_drop is not None
         options = {option: low, **options}
-        world_size = dist.get_world_size(group)
         try:
             Options("Accordion", {"check_levels": check_levels}).flag("check_levels")
             # AccordionHookState refuses an async_op that is not a bool ("no" is truthy).
             # The level check runs in this object's forward pre-hook instead (below), where a
             # rank that calls end_epoch alone meets it before any gradient collective.
-            self.state = AccordionHookState(ddp_model.module, compressor, group=group,
-                                            async_op=async_op, check_levels=False, **options)
+            if fsdp:
+                self.state = FSDPReducerState(ddp_model, compressor, check_levels=False,
+                                              **options)
+                group = self.state.group
+            else:
+                group = ddp_model.process_group
+                self.state = AccordionHookState(ddp_model.module, compressor, group=group,
+                                                async_op=async_op, check_levels=False,
+                                                **options)
+            world_size = dist.get_world_size(group)
             self.schedule = build_schedule(
                 "accordion", num_layers=len(self.state.layer_names), compressor=compressor,
                 default_level=options[option], base_global_batch=None,
@@ -137,13 +147,15 @@ class Accordion:
         self._group = group
         self._fired_at: int | None = None  # the last epoch whose LR drop made all layers critical
         self._warned_continuous = False
-        ddp_model.register_comm_hook(self.state, accordion_hook)
-        if self.check_levels:
-            ddp_model.register_forward_pre_hook(self._check_before_forward)
+        if not fsdp:  # an FSDP state has set each unit's custom reduce-scatter already
+            ddp_model.register_comm_hook(self.state, accordion_hook)
+        if self.check_levels:  # before FSDP's own pre-forward hook (its all-gather) too
+            ddp_model.register_forward_pre_hook(self._check_before_forward, prepend=fsdp)
 
     def _check_before_forward(self, module, args) -> None:
-        """One 16-byte all-reduce per training forward, before DDP's own collectives (its
-        buffer broadcast): the ranks hold the same levels and none is in end_epoch alone."""
+        """One 16-byte all-reduce per training forward, before DDP's (FSDP's) own collectives
+        (its buffer broadcast; its all-gather): the ranks hold the same levels and none is in
+        end_epoch alone."""
         if module.training and torch.is_grad_enabled():
             check_agreement(self.state.reducer)
 
@@ -167,7 +179,8 @@ class Accordion:
                 if reducer._sends_dense(layer, level)]
 
     def pop_stats(self) -> CommStats:
-        """Floats, bytes and collectives this rank sent since the last call."""
+        """Floats, bytes and collectives this rank sent since the last call (under FSDP also
+        fsdp_reduce_scatter_bytes: what FSDP's own reduce-scatter would have sent)."""
         return self.state.pop_stats()
 
     # ---- end of an epoch ------------------------------------------------------------------
@@ -190,7 +203,8 @@ class Accordion:
         decision = broadcast_object(decision, src=self._src, group=self._group)
         self.plan = self.schedule.on_epoch_end(epoch, decision["critical"])
         self.state.set_levels(self.plan.levels)
-        self.report = {**decision["report"], "uncompressed_layers": self.uncompressed_layers}
+        self.report = {**decision["report"], "uncompressed_layers": self.uncompressed_layers,
+                       "error_memory_bytes": self.state.reducer.memory_bytes()}
         return self.plan
 
     def _counts_as_decay(self, lr_now: float, lr_next: float) -> bool:

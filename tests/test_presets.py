@@ -388,3 +388,25 @@ def test_a_long_override_list_still_makes_a_valid_directory_name():
     a, b = _subdir(long), _subdir(long + ",x=1")
     assert len(a.encode()) <= MAX_SUBDIR + 1 and a.endswith("/") and a != b
     assert _subdir("compressor.rank=4") == "compressor.rank=4/" and _subdir("") == ""
+
+
+SHARDED_PRESETS = [preset for preset in PRESETS if preset.split("/")[0] in ("table1", "table3")]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("preset", SHARDED_PRESETS)
+def test_table1_and_table3_presets_train_a_step_under_fsdp(preset, tmp_path):
+    """dist.strategy=fsdp (issue 40): each Table 1 and Table 3 preset at scale=cpu on its
+    synthetic stand-in, 2 ranks, one step: the preset's reducer runs inside FSDP's
+    reduce-scatter of every unit (the LSTM's local clipping in its one unit)."""
+    dataset = SYNTHETIC[CELLS[preset].dataset]
+    run_dir = tmp_path / "run"
+    train([f"experiment={preset}", "scale=cpu", f"dataset={dataset}", *TINY[dataset],
+           "dataset.subset=null", "dist.nproc_per_node=2", "dist.strategy=fsdp",
+           "trainer.epochs=1", "trainer.max_steps_per_epoch=1", "trainer.max_eval_steps=1",
+           "trainer.batch_size=2", "trainer.eval_batch_size=2", "trainer.checkpoint=false"],
+          run_dir)
+    metrics, summary = read_metrics(run_dir), read_summary(run_dir)
+    assert summary["status"] == "completed" and [m["steps"] for m in metrics] == [1]
+    assert metrics[0]["bytes_sent"] > 0 and summary["world_size"] == 2

@@ -172,6 +172,32 @@ def test_sigterm_stops_cleanly_as_stopped_and_the_resume_matches_an_uninterrupte
 
 @pytest.mark.slow
 @pytest.mark.distributed
+def test_an_fsdp_run_killed_mid_epoch_resumes_to_the_uninterrupted_metrics(tmp_path):
+    """dist.strategy=fsdp (issue 40): SIGTERM inside epoch 1, the same command resumes from
+    epoch 0's checkpoint (whole model and optimizer, every rank's reducer, rank 0's detector)
+    and logs what a run never stopped logs."""
+    overrides = ["trainer.epochs=2", "dist.nproc_per_node=2", "dist.strategy=fsdp",
+                 "dataset.train_size=1024", "trainer.max_steps_per_epoch=64"]
+    whole = cli(tmp_path / "whole", *overrides, timeout=600)
+    assert whole.returncode == 0, whole.stderr
+    run_dir = tmp_path / "run"
+    proc = popen(run_dir, *overrides)
+    try:
+        wait_until(lambda: (run_dir / "metrics.jsonl").exists(), timeout=180, what="epoch 0")
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert "during epoch 1" in read_summary(run_dir)["stopped"]
+    done = cli(run_dir, *overrides, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert without_timing(read_metrics(run_dir)) == without_timing(read_metrics(tmp_path / "whole"))
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_a_failed_rank_leaves_status_failed_with_its_rank_and_cause(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     # a dataset path that only rank 1 cannot read would need a fault; a NaN does it for every rank

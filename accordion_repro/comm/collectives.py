@@ -62,6 +62,16 @@ class Communicator:
         stats.bytes_sent += buffer.numel() * buffer.element_size()
         return dist.all_reduce(buffer, group=self.group, async_op=True)
 
+    def reduce_scatter(self, output: torch.Tensor, flat: torch.Tensor, op, stats: CommStats):
+        """`flat` (world_size equal, rank-major parts) reduced with `op` into this worker's part
+        `output`, blocking (FSDP's own collective; the FSDP path sends its dense tensors so)."""
+        if not self.distributed or flat.numel() == 0:
+            output.copy_(flat[:output.numel()])
+            return
+        stats.collectives += 1
+        stats.bytes_sent += flat.numel() * flat.element_size()
+        dist.reduce_scatter_tensor(output, flat, op=op, group=self.group)
+
     def all_gather(self, local: torch.Tensor, stats: CommStats) -> torch.Tensor:
         """Stack every worker's `local` (same size on all) into one (world_size, n) tensor."""
         gathered, handles = self.all_gather_async(local, stats)

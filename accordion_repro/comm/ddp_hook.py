@@ -182,27 +182,27 @@ class BucketPipeline:
         self._waiting = []
 
 
-class AccordionHookState:
-    """What accordion_hook needs: the reducer, the parameter positions, the detector tap.
+class ReducerState:
+    """One reducer over all trainable parameters of a model, addressed by parameter name: what
+    the DDP hook (AccordionHookState) and the FSDP comm (comm/fsdp.py) share.
 
     `detector` (optional, anything with accumulate_layers(layers, grads) and end_step()) is fed
-    each bucket's local gradients of the compressible layers before they are reduced: under the
-    hook, p.grad holds the averaged, decompressed gradient once backward() returns.
+    the local gradients of the compressible layers before they are reduced: under a hook, p.grad
+    holds the averaged, decompressed gradient once backward() returns.
     `check_levels` spends one 16-byte all-reduce per step on check_agreement.
     """
 
-    def __init__(self, model: torch.nn.Module, compressor: str = "powersgd", *, group=None,
-                 async_op: bool = True, check_levels: bool = True, **options):
-        flags = Options("AccordionHookState", {"async_op": async_op, "check_levels": check_levels})
-        for flag in ("async_op", "check_levels"):  # before any work: the string "no" is truthy
-            flags.flag(flag)
-        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    def __init__(self, named: list[tuple[str, torch.Tensor]], compressor: str, *, group,
+                 check_levels: bool, **options):
+        # before any work: the string "no" is truthy
+        Options(type(self).__name__, {"check_levels": check_levels}).flag("check_levels")
         if not named:
             raise ValueError("the model has no trainable parameters")
         self.param_names = [name for name, _ in named]
         params = [p for _, p in named]
         self.dtype = compute_dtype(params)
-        # The reducer reads only shape, dtype and device: stand-ins that allocate nothing.
+        # The reducer reads only shape, dtype and device: stand-ins that allocate nothing (an
+        # FSDP parameter is a DTensor whose shape is the whole, unsharded one).
         stand_ins = [torch.zeros((), dtype=self.dtype, device=p.device).expand(p.shape)
                      for p in params]
         self.reducer = build_reducer(compressor, stand_ins, group=group, **options)
@@ -210,13 +210,9 @@ class AccordionHookState:
         # or a resumed run's first step would differ from the step it replaces.
         self.reducer.align_blocks()
         self._params = params
-        self._position_of_ptr = {p.data_ptr(): i for i, p in enumerate(params)}
-        self.async_op = async_op
         self.detector = None
         self.stats = CommStats()
         self.check_levels = check_levels
-        self._pipeline = BucketPipeline()
-        self._step_stats: CommStats | None = None  # of the reduction in progress, if any
 
     @property
     def layer_names(self) -> list[str]:
@@ -255,6 +251,21 @@ class AccordionHookState:
         """Communication since the last call (summed over buckets and steps), then reset."""
         stats, self.stats = self.stats, CommStats()
         return stats
+
+
+class AccordionHookState(ReducerState):
+    """What accordion_hook needs: the reducer, the parameter positions, the detector tap
+    (ReducerState says what `detector` and `check_levels` do)."""
+
+    def __init__(self, model: torch.nn.Module, compressor: str = "powersgd", *, group=None,
+                 async_op: bool = True, check_levels: bool = True, **options):
+        Options("AccordionHookState", {"async_op": async_op}).flag("async_op")  # "no" is truthy
+        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        super().__init__(named, compressor, group=group, check_levels=check_levels, **options)
+        self._position_of_ptr = {p.data_ptr(): i for i, p in enumerate(self._params)}
+        self.async_op = async_op
+        self._pipeline = BucketPipeline()
+        self._step_stats: CommStats | None = None  # of the reduction in progress, if any
 
     # ---- one bucket -----------------------------------------------------------------------
     def reduce_bucket(self, bucket) -> torch.futures.Future[torch.Tensor]:
