@@ -113,14 +113,24 @@ class Accordion:
         self.plan: Plan = self.schedule.initial_plan()
         self.state.set_levels(self.plan.levels)
         self.report: dict | None = None
-        self._group = group
+        # The level check and rank 0's decision travel as CPU tensors on a gloo group over
+        # the same ranks (comm/collectives.py control_group): no GPU sync, no current device.
+        self._control = self.state.reducer.comm.control()
         ddp_model.register_comm_hook(self.state, accordion_hook)
         if self.check_levels:
             ddp_model.register_forward_pre_hook(self._check_before_forward)
 
+    @torch.compiler.disable
     def _check_before_forward(self, module, args) -> None:
         """One 16-byte all-reduce per training forward, before DDP's own collectives (its
-        buffer broadcast): the ranks hold the same levels and none is in end_epoch alone."""
+        buffer broadcast): the ranks hold the same levels and none is in end_epoch alone.
+
+        A CPU tensor on the control group, so reading it waits for no GPU work. It runs on
+        every forward, accumulation micro-batches under no_sync included, because DDP
+        broadcasts its buffers on each of them: a rank in end_epoch alone must meet this check
+        first. torch.compile leaves it out of the graph (compiler.disable) instead of breaking
+        the graph at its host read with a warning on every rank (issue 37 item 15).
+        """
         if module.training and torch.is_grad_enabled():
             check_agreement(self.state.reducer)
 
@@ -161,7 +171,7 @@ class Accordion:
         if self.detector is not None:
             critical = self.detector.end_epoch(epoch, lr_now, lr_next)
             decision = {"critical": critical, "report": self.detector.report}
-        decision = broadcast_object(decision, src=self._src, group=self._group)
+        decision = broadcast_object(decision, src=self._src, group=self._control)
         self.plan = self.schedule.on_epoch_end(epoch, decision["critical"])
         self.state.set_levels(self.plan.levels)
         self.report = {**decision["report"], "uncompressed_layers": self.uncompressed_layers}

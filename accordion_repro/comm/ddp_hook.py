@@ -80,7 +80,7 @@ def check_agreement(reducer: Reducer, ending_epoch: int | None = None) -> None:
     levels = reducer.levels
     mine = (_fingerprint(reducer.name, tuple(levels)) if ending_epoch is None
             else END_EPOCH_MARK + ending_epoch)
-    largest, smallest = reducer.comm.max_and_min(mine, reducer.device)
+    largest, smallest = reducer.comm.max_and_min(mine)
     if largest == smallest:
         return
     rank = reducer.comm.rank
@@ -187,7 +187,8 @@ class AccordionHookState:
     `detector` (optional, anything with accumulate_layers(layers, grads) and end_step()) is fed
     each bucket's local gradients of the compressible layers before they are reduced: under the
     hook, p.grad holds the averaged, decompressed gradient once backward() returns.
-    `check_levels` spends one 16-byte all-reduce per step on check_agreement.
+    `check_levels` spends one 16-byte all-reduce per step on check_agreement, a CPU tensor on
+    the reducer's control group (made here, on every rank: build the state on every rank).
     """
 
     def __init__(self, model: torch.nn.Module, compressor: str = "powersgd", *, group=None,
@@ -208,6 +209,8 @@ class AccordionHookState:
         self.detector = None
         self.stats = CommStats()
         self.check_levels = bool(check_levels)
+        if self.check_levels:
+            self.reducer.comm.control()
         self._pipeline = BucketPipeline()
         self._step_stats: CommStats | None = None  # of the reduction in progress, if any
 
