@@ -6,14 +6,15 @@ STAMP   := $(VENV)/.installed
 RUNS    ?= results/runs
 NET     ?= 10gbit
 
-.PHONY: install test test-fast demo figures bench bench-models bench-network bench-ddp-network gpu-check reproduce-cpu reproduce-cpu-full reproduce-cpu-long clean-demo help
+.PHONY: install test test-fast demo figures bench bench-models bench-network bench-ddp-network gpu-check wheelhouse reproduce-cpu reproduce-cpu-full reproduce-cpu-long clean-demo help
 
 help:
 	@echo "make install | test | demo | figures [RUNS=dir NET=10gbit] | bench | bench-network | bench-ddp-network | reproduce-cpu | reproduce-cpu-full"
 
-$(STAMP): pyproject.toml
+# pyproject.toml asks for ranges (torch>=2.1, ...); constraints.txt pins the tested versions.
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(PYTHON) || $(PY) -m venv $(VENV)
-	$(PYTHON) -m pip install --quiet -e '.[test]'
+	$(PYTHON) -m pip install --quiet -c constraints.txt -e '.[test]'
 	@touch $(STAMP)
 
 install: $(STAMP)
