@@ -121,7 +121,8 @@ def test_level_check_and_decision_use_cpu_tensors_on_a_gloo_group_under_nccl(one
 
 
 def test_a_gloo_group_is_its_own_control_group(one_rank_group):
-    assert collectives.control_group() is None  # the default (WORLD) group, gloo already
+    # never None: the trainer reads None as "not distributed" and would skip its agreements
+    assert collectives.control_group() is dist.group.WORLD
 
 
 @pytest.mark.slow
@@ -252,3 +253,45 @@ def test_the_trainers_step_loop_reads_nothing_back_per_step(monkeypatch, tmp_pat
     two = _host_reads_in_an_epoch(monkeypatch, tmp_path, 2)
     five = _host_reads_in_an_epoch(monkeypatch, tmp_path, 5)
     assert two == five, f"host reads grow with the steps: {two} for 2 steps, {five} for 5"
+
+
+# ---- the asynchronous hook's final phase ------------------------------------------------------
+class _SyncLoggingFuture(torch.futures.Future):
+    """A completed work Future whose wait() (a stream sync for CUDA futures) is logged."""
+
+    def __init__(self, name, log):
+        super().__init__()
+        self.name, self.log = name, log
+        self.set_result(None)
+
+    def wait(self):
+        self.log.append(f"sync {self.name}")
+        return super().wait()
+
+
+class _LoggingWork:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def wait(self):
+        self.log.append(f"wait {self.name}")
+
+    def get_future(self):
+        return _SyncLoggingFuture(self.name, self.log)
+
+
+def test_decompression_waits_on_each_final_collectives_future_first():
+    """collect_all's callback has no stream synchronised with NCCL: the final phase's own work
+    Futures are waited on (non-blocking on CUDA) before the local decompression runs."""
+    from accordion_repro.comm.base import Phase
+    from accordion_repro.comm.ddp_hook import BucketPipeline
+
+    log = []
+
+    def reduction():
+        yield Phase([_LoggingWork("P", log)], False)
+        yield Phase([_LoggingWork("Q", log), _LoggingWork("dense", log)], True)
+        log.append("decompress")
+
+    future = BucketPipeline().submit(reduction(), lambda: torch.zeros(1), last=True)
+    assert future.done() and log == ["wait P", "sync Q", "sync dense", "decompress"]

@@ -49,7 +49,7 @@ def control_group(group=None):
     NCCL's object collectives stage on the *current* CUDA device, not the model's.
     """
     if "gloo" in str(dist.get_backend(group)):  # "gloo", or "cpu:gloo,cuda:nccl"
-        return group
+        return dist.group.WORLD if group is None else group
     if group is None or group is dist.group.WORLD:
         return dist.new_group(backend="gloo")
     ranks = [dist.get_global_rank(group, r) for r in range(dist.get_world_size(group))]
