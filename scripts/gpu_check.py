@@ -60,8 +60,8 @@ HANG_ENV = "ACCORDION_GPU_CHECK_HANG"  # as scripts/gpu_parts.py
 def sizes(tiny: bool) -> dict:
     if tiny:
         return dict(device="cpu", backend="gloo", width=0.125, train_size=64, batch=16, epochs=2,
-                    steps=2, warmup=1, hook_steps=2, model_steps=1, pipeline_batches=2,
-                    pipeline_rounds=1, equality_world=3, equality_batch=4, equality_steps=3,
+                    steps=1, warmup=1, hook_steps=2, model_steps=1, pipeline_batches=2,
+                    pipeline_rounds=1, equality_world=3, equality_batch=4, equality_steps=2,
                     pg_timeout_s=60, threads=1)
     return dict(device="cuda", backend="nccl", width=1.0, train_size=12_800, batch=128, epochs=3,
                 steps=20, warmup=3, hook_steps=5, model_steps=10, pipeline_batches=16,

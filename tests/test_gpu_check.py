@@ -55,6 +55,7 @@ def test_the_check_and_its_parts_import_nothing_of_hydra_omegaconf_submitit_wand
 
 @pytest.mark.slow
 @pytest.mark.distributed
+@pytest.mark.timeout(1500)  # seven parts, ~6.5 min on 2 loaded cores; the check's --tiny budget
 def test_the_tiny_check_runs_every_part_and_writes_its_results(tmp_path):
     out = tmp_path / "gpu"
     done = subprocess.run([sys.executable, "scripts/gpu_check.py", "--tiny", "--out", str(out)],
@@ -66,7 +67,7 @@ def test_the_tiny_check_runs_every_part_and_writes_its_results(tmp_path):
     assert [c["part"] for c in checks] == [script.PARTS[0]] + [script.PARTS[1]] * 3 + script.PARTS[2:]
     assert [c["check"] for c in checks[1:4]] == [
         "async hook = sync hook, bit for bit", "non-compressing levels = plain DDP",
-        "Top-K replicas identical after 3 steps"]
+        "Top-K replicas identical after 2 steps"]
     assert all(c["status"] == "ok" for c in checks), checks
     assert "3 ranks" in checks[3]["detail"] and "metrics equal: True" in checks[-1]["detail"]
     steps = list(csv.DictReader((out / "steps.csv").open()))
