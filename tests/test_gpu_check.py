@@ -19,6 +19,7 @@ BLOCKED = ("hydra", "omegaconf", "submitit", "wandb")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the check would run")
+@pytest.mark.slow
 def test_make_gpu_check_installs_nothing_and_says_no_gpu_in_one_line():
     # the recipe names no pip and no $(STAMP): the given interpreter runs the script, alone
     recipe = subprocess.run(["make", "--always-make", "--dry-run", "gpu-check",
@@ -40,6 +41,7 @@ def _blocker(tmp_path):
     return {**os.environ, "PYTHONPATH": str(tmp_path)}
 
 
+@pytest.mark.slow
 def test_the_check_and_its_parts_import_nothing_of_hydra_omegaconf_submitit_wandb(tmp_path):
     env = _blocker(tmp_path)
     code = ("import sys; sys.path.insert(0, 'scripts'); import gpu_check, gpu_parts; "
