@@ -6,14 +6,15 @@ STAMP   := $(VENV)/.installed
 RUNS    ?= results/runs
 NET     ?= 10gbit
 
-.PHONY: install test test-fast demo figures bench bench-models bench-network bench-ddp-network gpu-check reproduce-cpu reproduce-cpu-full reproduce-cpu-long clean-demo help
+.PHONY: install test test-fast demo figures bench bench-models bench-network bench-ddp-network gpu-check wheelhouse reproduce-cpu reproduce-cpu-full reproduce-cpu-long clean-demo help
 
 help:
 	@echo "make install | test | demo | figures [RUNS=dir NET=10gbit] | bench | bench-network | bench-ddp-network | reproduce-cpu | reproduce-cpu-full"
 
-$(STAMP): pyproject.toml
+# pyproject.toml asks for ranges (torch>=2.1, ...); constraints.txt pins the tested versions.
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(PYTHON) || $(PY) -m venv $(VENV)
-	$(PYTHON) -m pip install --quiet -e '.[test]'
+	$(PYTHON) -m pip install --quiet -c constraints.txt -e '.[test]'
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -60,9 +61,17 @@ bench-models: $(STAMP)
 	$(PYTHON) scripts/bench_models.py && $(PYTHON) scripts/bench_step_options.py
 
 # The CUDA/NCCL path and step times on one GPU (scripts/gpu_check.py): one line and exit 0 where
-# there is none; results/gpu/<date>/ to commit where there is.
-gpu-check: $(STAMP)
-	$(PYTHON) scripts/gpu_check.py
+# there is none; results/gpu/<date>-<gpu>/ to commit where there is. Installs nothing (no
+# $(STAMP)): it runs with PYTHON=... when given (`make gpu-check PYTHON=python3`, an offline
+# node's own torch), else with .venv/ when it exists, else with $(PY). docs/gpu.md.
+GPU_PYTHON = $(if $(filter command line,$(origin PYTHON)),$(PYTHON),$(if $(wildcard $(PYTHON)),$(PYTHON),$(PY)))
+gpu-check:
+	@$(GPU_PYTHON) scripts/gpu_check.py
+
+# The non-torch dependencies as wheels for an offline node (docs/gpu.md): WHEEL_PYTHON=3.12.
+WHEEL_PYTHON ?= 3.12
+wheelhouse:
+	$(PY) scripts/wheelhouse.py --python-version $(WHEEL_PYTHON)
 
 bench-network: $(STAMP)
 	$(PYTHON) scripts/bench_network.py

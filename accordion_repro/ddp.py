@@ -147,15 +147,26 @@ class Accordion:
         self._group = group
         self._fired_at: int | None = None  # the last epoch whose LR drop made all layers critical
         self._warned_continuous = False
+        # The level check and rank 0's decision travel as CPU tensors on a gloo group over
+        # the same ranks (comm/collectives.py control_group): no GPU sync, no current device.
+        self._control = self.state.reducer.comm.control()
         if not fsdp:  # an FSDP state has set each unit's custom reduce-scatter already
             ddp_model.register_comm_hook(self.state, accordion_hook)
         if self.check_levels:  # before FSDP's own pre-forward hook (its all-gather) too
             ddp_model.register_forward_pre_hook(self._check_before_forward, prepend=fsdp)
 
+    @torch.compiler.disable
     def _check_before_forward(self, module, args) -> None:
         """One 16-byte all-reduce per training forward, before DDP's (FSDP's) own collectives
         (its buffer broadcast; its all-gather): the ranks hold the same levels and none is in
-        end_epoch alone."""
+        end_epoch alone.
+
+        A CPU tensor on the control group, so reading it waits for no GPU work. It runs on
+        every forward, accumulation micro-batches under no_sync included, because DDP
+        broadcasts its buffers on each of them: a rank in end_epoch alone must meet this check
+        first. torch.compile leaves it out of the graph (compiler.disable) instead of breaking
+        the graph at its host read with a warning on every rank (issue 37 item 15).
+        """
         if module.training and torch.is_grad_enabled():
             check_agreement(self.state.reducer)
 
@@ -200,7 +211,7 @@ class Accordion:
             critical = self.detector.end_epoch(epoch, lr_now, shown_next)
             decision = {"critical": critical, "report": self.detector.report}
             self._warn_if_continuous(epoch, lr_now, lr_next)
-        decision = broadcast_object(decision, src=self._src, group=self._group)
+        decision = broadcast_object(decision, src=self._src, group=self._control)
         self.plan = self.schedule.on_epoch_end(epoch, decision["critical"])
         self.state.set_levels(self.plan.levels)
         self.report = {**decision["report"], "uncompressed_layers": self.uncompressed_layers,

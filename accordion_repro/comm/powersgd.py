@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..transfer import host_to_device
 from .base import Reducer
 from .stats import CommStats
 
@@ -141,8 +142,8 @@ class PowerSGDReducer(Reducer):
     def _fresh_q(self, layer: int, rank: int) -> torch.Tensor:
         generator = torch.Generator().manual_seed(_draw_seed(self.seed, layer, self.draws[layer]))
         self.draws[layer] += 1
-        return torch.randn(rank, self.matrix_shapes[layer][1], generator=generator,
-                           dtype=self.dtype).to(self.device)
+        return host_to_device(torch.randn(rank, self.matrix_shapes[layer][1], generator=generator,
+                                          dtype=self.dtype), self.device)
 
     def _layout(self, items: tuple[tuple[int, int], ...]) -> _PackedLayout:
         if items not in self._layouts:

@@ -25,10 +25,12 @@ from tqdm import tqdm
 from accordion_repro.accordion import Plan, build_schedule
 from accordion_repro.comm import build_reducer, compressor_level
 from accordion_repro.comm.collectives import broadcast_object as broadcast_from_rank0  # src 0
+from accordion_repro.comm.collectives import control_group
 from accordion_repro.comm.collectives import distributed as _distributed
 from accordion_repro.comm.stats import CommStats
 from accordion_repro.data import build_data
 from accordion_repro.engine import checkpoint, sharding, stop
+from accordion_repro.engine.clock import PhaseClock
 from accordion_repro.engine.lr import build_epoch_lr
 from accordion_repro.engine.optim import build_optimizer
 from accordion_repro.engine.precision import LossScaler, autocast
@@ -129,9 +131,8 @@ class Trainer:
             self.epoch_lr = build_epoch_lr(self.optim, total_epochs=t.epochs,
                                            world_size=self.world_size, batch_size=t.batch_size)
         self.optimizer = build_optimizer(self.optim, self.params, lr=self.epoch_lr(0))
-        # Stop requests are agreed on the CPU (gloo), so NCCL runs pay no GPU sync for them.
-        self._control_group = None if not _distributed() else (
-            dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo"))
+        # Stop requests and rank 0's plan go on the CPU (gloo): NCCL runs pay no GPU sync.
+        self._control_group = control_group() if _distributed() else None
         self.start_epoch = 0
         self.config_change = cfg.get("_config_change") or {}
         self.wandb_id = None
@@ -329,7 +330,7 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         step_losses = torch.zeros(steps_total, dtype=torch.float64, device=self.device)
         steps = skipped = 0
-        compute_s = comm_s = 0.0
+        clock = PhaseClock(self.device)  # no host sync per step on CUDA (engine/clock.py)
         _sync(self.device)
         epoch_start = time.perf_counter()
         batches = iter(self.task.train_batches(epoch, micro))
@@ -337,21 +338,17 @@ class Trainer:
             if signum := self._max_over_ranks(stop.requested()):  # all ranks stop after one step
                 bar.close()
                 raise _StopRequested(signum, epoch, steps)
-            (step_loss, grads, overflow), local_s = self._timed(self._local_gradient, batches, accum)
+            step_loss, grads, overflow = clock.timed("compute", self._local_gradient, batches, accum)
             if grads is None:
                 break
             if overflow:  # fp16: skipped on every rank, the loss scale halved
                 skipped += 1
-                compute_s += local_s
             else:
                 if self.fsdp is None:
-                    stats, reduce_s = self._timed(self.reducer.reduce, grads, self.plan.levels)
-                else:  # reduced during backward: its time is in local_s
-                    stats, reduce_s = self.fsdp.pop_stats(), 0.0
-                _, update_s = self._timed(self._update, grads)
-                compute_s += local_s + update_s
-                comm_s += reduce_s
-                comm += stats
+                    comm += clock.timed("comm", self.reducer.reduce, grads, self.plan.levels)
+                else:  # reduced during backward: its time is in the compute phase
+                    comm += self.fsdp.pop_stats()
+                clock.timed("compute", self._update, grads)
             loss_sum += step_loss
             step_losses[steps] = step_loss
             steps += 1
@@ -359,6 +356,8 @@ class Trainer:
             if not bar.disable:  # the bar alone pays a sync per step, and only when shown
                 bar.set_postfix(loss=f"{step_loss.item():.3f}")
         bar.close()
+        phases = clock.totals()
+        compute_s, comm_s = phases.get("compute", 0.0), phases.get("comm", 0.0)
         epoch_time = time.perf_counter() - epoch_start
         train_loss = loss_sum.item() / max(steps, 1)
         self._check_finite(epoch, train_loss, step_losses[:steps])
@@ -373,13 +372,6 @@ class Trainer:
                 "collectives": comm.collectives, "allgather_bytes_sent": comm.allgather_bytes,
                 "allgathers": comm.allgathers, "epoch_time_s": epoch_time,
                 "compute_time_s": compute_s, "comm_time_s": comm_s}
-
-    def _timed(self, work, *args):
-        """work(*args) and its seconds, the device synchronised before the clock stops."""
-        start = time.perf_counter()
-        out = work(*args)
-        _sync(self.device)
-        return out, time.perf_counter() - start
 
     def _local_gradient(self, batches, accum: int):
         """This worker's step loss, gradient (None when the data ran out) over `accum`
@@ -440,5 +432,6 @@ class Trainer:
             info.update(critical_layers=decided["critical_layers"], critical_model=decided["critical_model"],
                         next_levels=decided["levels"],
                         detector=self.detector.report if self.detector is not None else None)
-        self.plan = broadcast_from_rank0(decision)  # the schedule's own state lives on rank 0 only
+        # the schedule's own state lives on rank 0 only
+        self.plan = broadcast_from_rank0(decision, group=self._control_group)
         return info
