@@ -108,6 +108,16 @@ def _check_fsdp(c: dict, t, world: int) -> None:
              "local gradient, which FSDP reduces inside backward; use bf16 or fp32")
 
 
+def _warn_if_bf16_is_emulated(t) -> None:
+    import torch
+
+    from accordion_repro.engine.precision import EMULATED_BF16, cpu_bf16_is_emulated
+
+    if t.precision == "bf16" and not t.use_cuda and cpu_bf16_is_emulated():
+        print("warning: " + EMULATED_BF16.format(
+            capability=torch.backends.cpu.get_cpu_capability()), file=sys.stderr)
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError (or DatasetMissingError) for anything that would fail later."""
     from accordion_repro.accordion import SCHEDULES, validate_schedule
@@ -140,6 +150,7 @@ def validate(cfg: DictConfig) -> None:
     if env_rank() == 0:
         for warning in caught:
             print(f"warning: {warning.message}", file=sys.stderr)
+        _warn_if_bf16_is_emulated(t)
     if DistSettings.from_config(c["dist"]).strategy == "fsdp":
         _check_fsdp(c, t, world_size_of(c))
     model = dict(c["model"])
