@@ -116,6 +116,7 @@ class Accordion:
             # rank that calls end_epoch alone meets it before any gradient collective.
             if fsdp:
                 self.state = FSDPReducerState(ddp_model, compressor, check_levels=False,
+                                              align_blocks=True,
                                               **options)
                 group = self.state.group
             else:

@@ -223,9 +223,6 @@ class ReducerState:
         stand_ins = [torch.zeros((), dtype=self.dtype, device=p.device).expand(p.shape)
                      for p in params]
         self.reducer = build_reducer(compressor, stand_ins, group=group, **options)
-        # DDP's buckets (regrouped after its first step) must not change a layer's rounding,
-        # or a resumed run's first step would differ from the step it replaces.
-        self.reducer.align_blocks()
         self._params = params
         self.detector = None
         self.stats = CommStats()
@@ -281,6 +278,10 @@ class AccordionHookState(ReducerState):
         Options("AccordionHookState", {"async_op": async_op}).flag("async_op")  # "no" is truthy
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         super().__init__(named, compressor, group=group, check_levels=check_levels, **options)
+        # DDP's buckets (regrouped after its first step) must not change a layer's rounding,
+        # or a resumed run's first step would differ from the step it replaces. (An FSDP unit
+        # holds the same parameters on every step: comm/fsdp.py keeps the trainer's packing.)
+        self.reducer.align_blocks()
         self._position_of_ptr = {p.data_ptr(): i for i, p in enumerate(self._params)}
         self.async_op = async_op
         self._pipeline = BucketPipeline()
