@@ -403,6 +403,20 @@ def test_a_gap_in_metrics_is_rebuilt_from_the_checkpoint_and_named(three_epoch_r
     assert without_timing(read_metrics(run_dir)) == without_timing(read_metrics(whole))
 
 
+@pytest.mark.slow
+def test_a_duplicated_metrics_line_is_rewritten_and_named(three_epoch_runs, tmp_path):
+    """Issue 37 item 11: the note named 'epochs []' for a line written twice."""
+    whole, stopped = three_epoch_runs
+    run_dir = _copy(stopped, tmp_path)
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (run_dir / "metrics.jsonl").write_text("".join([lines[0], *lines]))
+    out = cli(run_dir, "trainer.epochs=3")
+    assert out.returncode == 0, out.stderr
+    [note] = [l for l in out.stdout.splitlines() if "metrics.jsonl held" in l]
+    assert "held epochs [0] more than once" in note and "[]" not in note
+    assert without_timing(read_metrics(run_dir)) == without_timing(read_metrics(whole))
+
+
 def _as_older_version(ckpt: Path) -> None:
     """Rewrite a checkpoint without its copy of the metrics lines (what older versions wrote)."""
     import io
@@ -486,6 +500,29 @@ def test_a_deleted_resolved_yaml_is_restored_from_the_checkpoint_and_still_guard
     import yaml
     assert yaml.safe_load((run_dir / "resolved.yaml").read_text()) == yaml.safe_load(original)
     assert cli(run_dir, "trainer.epochs=2").returncode == 0
+
+
+@pytest.mark.slow
+def test_a_damaged_resolved_yaml_is_restored_from_the_checkpoint_or_refused_in_one_line(
+        stopped_run, finished_run, tmp_path):
+    """Issue 37 item 8: a 61-line YAML traceback before."""
+    run_dir = _copy(stopped_run, tmp_path)
+    (run_dir / "resolved.yaml").write_text("trainer: {epochs: [\n")
+    out = cli(run_dir, "trainer.epochs=2")
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr
+    [note] = [l for l in out.stdout.splitlines() if "resolved.yaml was damaged" in l]
+    assert "restored from" in note
+    assert [m["epoch"] for m in read_metrics(run_dir)] == [0, 1]
+    # with no checkpoint to restore it from: refused, naming the file
+    bare = tmp_path / "bare"
+    shutil.copytree(finished_run, bare)
+    shutil.rmtree(bare / "checkpoints")
+    (bare / "resolved.yaml").write_text("- a list\n- not a config\n")
+    out = cli(bare, "trainer.epochs=2")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    [error] = [l for l in out.stderr.splitlines() if l.strip()]
+    assert error.startswith("error:") and str(bare / "resolved.yaml") in error and "damaged" in error
 
 
 @pytest.mark.slow

@@ -132,6 +132,33 @@ def test_bad_values_are_rejected_with_their_key(override, key):
     assert err.value.key == key
 
 
+# Every config group of conf/ (Hydra's own and the presets, which write into the others, aside)
+# and the nodes with no group file: an added key is refused naming it, whatever the prefix.
+GROUPS = sorted({p.name for p in (REPO / "conf").iterdir() if p.is_dir()} - {"hydra", "experiment"}
+                | {"run", "logger.wandb"})
+
+
+@pytest.mark.parametrize("prefix", ["+", "++", ""])
+@pytest.mark.parametrize("group", GROUPS + [""])
+def test_an_unknown_key_is_refused_naming_it_in_every_config_group(group, prefix):
+    """`+trainer.epoch=5` must not train 3 epochs as if nothing were said (issue 37 item 3)."""
+    from hydra.errors import ConfigCompositionException
+
+    from accordion_repro.config import validate
+
+    key = f"{group}.no_such_key" if group else "no_such_key"
+    try:
+        cfg = compose_cfg(["dataset=synthetic_cifar10", "compressor=powersgd",
+                           "schedule=accordion", f"{prefix}{key}=5"])
+    except ConfigCompositionException as exc:  # no prefix: Hydra refuses a key it does not hold
+        assert not prefix and key.split(".")[-1] in str(exc)
+        return
+    assert prefix, f"Hydra accepted {key}=5 without a prefix"
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert err.value.key == key
+
+
 def test_missing_dataset_is_one_line_before_training(tmp_path):
     from accordion_repro.config import validate
 
