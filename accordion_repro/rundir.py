@@ -1,7 +1,7 @@
 """One run per directory, one config per run: the checks made before any rank starts.
 
 A run directory is the unit the analysis reads, so anything that mixes two runs in one
-directory gives a silently wrong table. Three guards:
+directory gives a silently wrong table. The guards:
 - a lock file (owner pid and host) so a second job on the same directory stops at once; a lock
   whose owner died on this host is stale and taken over;
 - resuming or rerunning with a config that differs from the one the run was trained with (the
@@ -15,6 +15,7 @@ directory gives a silently wrong table. Three guards:
   beside a checkpoint is restored from it; a run without either cannot be resumed;
 - a checkpoint that cannot be read safely (its checksum does not match, it holds code) stops
   the job here, naming the file;
+- the temporary files of writes a killed job left (a checkpoint's `.last.pt.*.tmp`) are deleted;
 - metrics.jsonl must hold exactly the epochs the checkpoint has passed: a torn or missing line
   is rewritten from the checkpoint's copy of every line, or, for a checkpoint without one, the
   job is refused naming the missing epochs.
@@ -137,6 +138,7 @@ def check_existing_run(run_dir: Path, resolved: dict) -> dict[str, list]:
     With trainer.resume=never an existing run is moved aside first (nothing is compared).
     """
     run_dir = Path(run_dir)
+    remove_interrupted_writes(run_dir)
     trainer = TrainerSettings.from_config(resolved["trainer"])
     if trainer.resume == "never":
         moved = move_aside(run_dir)
@@ -164,6 +166,14 @@ def check_existing_run(run_dir: Path, resolved: dict) -> dict[str, list]:
     if state is not None:
         repair_metrics(run_dir, state)
     return delta
+
+
+def remove_interrupted_writes(run_dir: Path) -> None:
+    """Delete the temporary files of writes a killed job left (utils.atomic_write's
+    `.<name>.*.tmp`: a whole checkpoint each); under the lock, no job is writing them."""
+    for folder in (run_dir, run_dir / "checkpoints"):
+        for path in folder.glob(".*.tmp"):
+            path.unlink(missing_ok=True)
 
 
 def _shown(delta: dict[str, list]) -> str:

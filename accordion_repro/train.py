@@ -22,7 +22,7 @@ from accordion_repro.data import prepare_dataset
 from accordion_repro.engine.checkpoint import CheckpointError
 from accordion_repro.errors import ConfigError, DatasetMissingError
 from accordion_repro.env import env_rank
-from accordion_repro.launch import RankFailed, RunStopped, launch
+from accordion_repro.launch import RELAY, RankFailed, RunStopped, launch
 from accordion_repro.runlog import read_summary
 from accordion_repro.rundir import (ConfigMismatch, RunDirectoryInUse, RunRecordGap, check_existing_run,
                                     run_lock)
@@ -48,7 +48,7 @@ def run(cfg: DictConfig, run_dir: Path) -> Path:
     if env_rank() != 0:
         launch(resolved, run_dir)
         return run_dir
-    with run_lock(run_dir):
+    with RELAY.held(), run_lock(run_dir):  # a stop signal from here on ends the job as stopped
         change = check_existing_run(run_dir, resolved)
         prepare_dataset(resolved["dataset"])
         atomic_write_text(run_dir / "resolved.yaml", OmegaConf.to_yaml(OmegaConf.create(resolved)))
@@ -60,19 +60,20 @@ def run(cfg: DictConfig, run_dir: Path) -> Path:
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    try:
-        run(cfg, run_dir)
-    except USER_ERRORS + (RankFailed, RunStopped) as exc:
-        if hydra_cfg.mode == RunMode.MULTIRUN:
-            # Hydra reports the failed job with its overrides and still runs the other jobs.
-            raise JobFailed(str(exc)) from None
-        if isinstance(exc, RunStopped):
-            print(str(exc), file=sys.stderr)
-            sys.exit(exc.exit_code)
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2 if isinstance(exc, USER_ERRORS) else 1)
-    if env_rank() == 0:
-        print(closing_summary(run_dir, Path(cfg.paths.runs_dir)))
+    with RELAY.held(restore=False):  # until this process ends: no signal finds it unhandled
+        try:
+            run(cfg, run_dir)
+        except USER_ERRORS + (RankFailed, RunStopped) as exc:
+            if hydra_cfg.mode == RunMode.MULTIRUN:
+                # Hydra reports the failed job with its overrides and still runs the other jobs.
+                raise JobFailed(str(exc)) from None
+            if isinstance(exc, RunStopped):
+                print(str(exc), file=sys.stderr)
+                sys.exit(exc.exit_code)
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2 if isinstance(exc, USER_ERRORS) else 1)
+        if env_rank() == 0:
+            print(closing_summary(run_dir, Path(cfg.paths.runs_dir)))
 
 
 def closing_summary(run_dir: Path, runs_dir: Path) -> str:
