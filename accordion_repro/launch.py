@@ -27,6 +27,7 @@ single-host run listens on no outside address.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import logging
@@ -87,17 +88,20 @@ class _Relay:
 
     The first signal asks every local rank to stop after its step; a second ends them at once
     (SIGKILL); a later one, or one while no rank runs (before they start, while the launcher
-    shuts down), is only counted: no signal finds the launcher without its handler. While the
-    ranks are started the signals are blocked (`starting`), so each rank inherits them blocked
-    and takes them as a stop request once its own handler is in place (_spawned_worker).
+    shuts down), is only counted: no signal finds the launcher without its handler. The first
+    is also written to `stop_file`, for ranks that were not yet listening (`starting`).
     """
 
     def __init__(self):
         self.count, self.last, self.processes, self.previous, self.depth = 0, 0, [], {}, 0
+        self.stop_file: Path | None = None
 
     def __call__(self, signum, frame) -> None:
         self.count += 1
         self.last = signum
+        if self.count == 1 and self.stop_file is not None:
+            with contextlib.suppress(OSError):
+                self.stop_file.write_text(str(int(signum)))
         for process in self.processes:
             if process.is_alive():
                 with contextlib.suppress(ProcessLookupError):
@@ -111,6 +115,8 @@ class _Relay:
         if self.depth == 0:
             self.count, self.last, self.processes = 0, 0, []
             self.previous = {sig: signal.signal(sig, self) for sig in stop_signals()}
+            if not restore:  # Python's exit puts back the default handlers: ignore them then
+                atexit.register(lambda: [signal.signal(sig, signal.SIG_IGN) for sig in self.previous])
         self.depth += 1
         try:
             yield self
@@ -130,13 +136,20 @@ class _Relay:
             signal.signal(sig, self)
 
     @contextlib.contextmanager
-    def starting(self):
-        """Block the stop signals while ranks are started: the ranks inherit them blocked."""
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, list(self.previous) or stop_signals())
+    def starting(self, stop_file: Path):
+        """Ignore the stop signals while ranks are started: a new process inherits an ignored
+        signal (not a handler), so no rank is ended by one that comes before its handler is
+        in place, and a stop asked meanwhile reaches it through `stop_file`, written before
+        the signal is forwarded (take_stop_signals_early). A signal to the launcher itself in
+        these milliseconds is lost."""
+        self.stop_file = Path(stop_file)
+        for sig in self.previous:
+            signal.signal(sig, signal.SIG_IGN)
         try:
             yield
         finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            for sig in self.previous:
+                signal.signal(sig, self)
 
     def stopped_before_start(self) -> RunStopped | None:
         if not self.count:
@@ -149,11 +162,16 @@ class _Relay:
 RELAY = _Relay()
 
 
-def take_stop_signals_early() -> None:
-    """Rank side of RELAY.starting: make the stop signals stop requests, then let through
-    those that came while this rank started (they were blocked, and wait)."""
+def take_stop_signals_early(stop_file: Path) -> None:
+    """Rank side of RELAY.starting: make the stop signals stop requests, then take a stop
+    the launcher was asked for before (it wrote the signal to `stop_file`)."""
     stop.install(stop_signals())
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals())
+    with contextlib.suppress(OSError, ValueError):
+        stop.request(int(stop_file.read_text()))
+
+
+def _stop_file(store_file: str) -> Path:
+    return Path(f"{store_file}.stop")
 
 
 def _first_slurm_host() -> str:
@@ -230,7 +248,7 @@ def _run(cfg: dict, run_dir: Path, in_group: bool = False) -> None:
 
 def _spawned_worker(local_rank: int, cfg: dict, run_dir: str, settings: DistSettings,
                     store_file: str) -> None:
-    take_stop_signals_early()
+    take_stop_signals_early(_stop_file(store_file))
     world_size = settings.nproc_per_node
     os.environ.update(RANK=str(local_rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(world_size))
@@ -353,7 +371,7 @@ def _spawn(cfg: dict, run_dir: Path, settings: DistSettings, store_file: str) ->
     # torch's "Terminating process N via signal SIGTERM" after a failure: the job's own error
     # line says what happened.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
-    with RELAY.starting():  # a signal now waits for the ranks' handlers (take_stop_signals_early)
+    with RELAY.starting(_stop_file(store_file)):
         context = mp.start_processes(_spawned_worker, args=(cfg, str(run_dir), settings, store_file),
                                      nprocs=settings.nproc_per_node, join=False, start_method="spawn")
         RELAY.processes = context.processes
@@ -380,7 +398,7 @@ def _spawn(cfg: dict, run_dir: Path, settings: DistSettings, store_file: str) ->
         report_status(run_dir, "failed", error=message)
         raise RankFailed(message) from None
     finally:
-        RELAY.processes = []
+        RELAY.processes, RELAY.stop_file = [], None
         for process in context.processes:  # leave no rank behind
             if process.is_alive():
                 process.terminate()

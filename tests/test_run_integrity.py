@@ -69,6 +69,18 @@ def test_rerun_with_a_changed_config_is_refused_naming_the_keys(finished_run, tm
 
 
 @pytest.mark.slow
+def test_a_refused_job_leaves_the_runs_hydra_files_alone(finished_run, tmp_path):
+    """Issue 37 item 11: Hydra wrote the refused job's config over .hydra/config.yaml."""
+    run_dir = _copy(finished_run, tmp_path)
+    before = {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir() if p.is_file()}
+    assert {"config.yaml", "overrides.yaml", "hydra.yaml"} <= set(before)
+    out = cli(run_dir, "trainer.epochs=2", "compressor.rank=4")
+    assert out.returncode == 2
+    after = {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir()}
+    assert after == before  # nothing pending left either
+
+
+@pytest.mark.slow
 def test_resume_never_moves_the_old_run_aside_and_starts_afresh(finished_run, tmp_path):
     run_dir = _copy(finished_run, tmp_path)
     old_metrics = (run_dir / "metrics.jsonl").read_text()
@@ -654,6 +666,7 @@ def test_a_full_disk_names_no_space_from_the_rank_that_hit_it(tmp_path, small_mo
     [error] = _error_lines(out)
     assert "rank 0 failed" in error and "No space left on device" in error, out.stderr
     assert "Connection closed" not in error
+    assert [l for l in out.stderr.splitlines() if l.strip()] == [error]  # no traceback under it
     assert read_summary(run_dir)["status"] == "failed"
 
 

@@ -183,6 +183,20 @@ def test_cli_prints_composed_config_and_rejects_bad_values(tmp_path):
     assert not (tmp_path / "bad" / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("override, said", [
+    ("trainer.epoch=5", "To append to your config use +trainer.epoch=5"),
+    ("model=resnet99", "Available options in 'model': densenet, googlenet, lstm, resnet18"),
+])
+def test_hydras_own_refusals_are_one_line(tmp_path, override, said):
+    """Issue 37 item 11: Hydra printed 7 and 17 lines where the suite promises one."""
+    out = _cli(["dataset=synthetic_cifar10", override, f"hydra.run.dir={tmp_path}/run"])
+    assert out.returncode == 2
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and said in lines[0], out.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def _children(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(pid)], capture_output=True, text=True).stdout
     return [int(line.split()[0]) for line in out.splitlines() if "spawn_main" in line]
