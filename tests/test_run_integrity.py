@@ -768,10 +768,11 @@ def _stopped_in_one_line(proc: subprocess.Popen, err: str, run_dir: Path, signum
 def test_an_allowed_change_of_the_epochs_moves_the_regime_windows_from_the_first_resumed_epoch(tmp_path):
     """Item 1: windows [0, 0.5) of 4 epochs cover epoch 1, of 2 epochs they do not; the
     resumed epoch 1 ran the old plan (inside: level 2) where a fresh 2-epoch run is outside."""
-    windows = ["schedule=regime_windows", "schedule.windows=[[0,0.5]]"]
+    windows = [*DENSE, "compressor=powersgd", "schedule=regime_windows", "schedule.windows=[[0,0.5]]"]
     run_dir = tmp_path / "run"
-    assert cli(run_dir, *windows, "trainer.epochs=4", "trainer.stop_after_epoch=0").returncode == 0
-    out = cli(run_dir, *windows, "trainer.epochs=2", "trainer.allow_config_change=true")
+    first = cli(run_dir, "trainer.epochs=4", "trainer.stop_after_epoch=0", base=windows)
+    assert first.returncode == 0, first.stderr
+    out = cli(run_dir, "trainer.epochs=2", "trainer.allow_config_change=true", base=windows)
     assert out.returncode == 0, out.stderr
     metrics = read_metrics(run_dir)
     assert list(metrics[0]["levels"]) == ["2"]  # epoch 0 inside the window
@@ -878,10 +879,10 @@ def test_a_stop_without_checkpoints_says_it_resumes_from_epoch_0(tmp_path):
     """Item 11: with trainer.checkpoint=false the stop line promised 'resumes from epoch 1'."""
     run_dir = tmp_path / "run"
     proc = _popen(run_dir, "trainer.epochs=3", "trainer.checkpoint=false",
-                  "dataset.train_size=2048", "trainer.max_steps_per_epoch=256")
+                  "dataset.train_size=2048", "trainer.max_steps_per_epoch=64")
     try:
-        wait_until(lambda: (run_dir / "metrics.jsonl").exists(), timeout=180, what="epoch 0",
-                   alive=proc)
+        wait_until(lambda: (run_dir / "metrics.jsonl").exists(), timeout=300, what="epoch 0",
+                   alive=proc, poll=0.02)
         proc.send_signal(signal.SIGTERM)
     finally:
         out, err = _finish(proc)
