@@ -324,6 +324,8 @@ def _launch(cfg: dict, run_dir: Path, settings: DistSettings) -> None:
         _join_env_group(cfg, resolve_backend(cfg, settings), int(settings.timeout_s))
         _limit_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         stop.install(stop_signals())
+        if RELAY.count:  # a signal while this rank joined its group: a stop at the first step
+            stop.request(RELAY.last)
         try:
             _run(cfg, run_dir, in_group=True)
         except RuntimeError as exc:  # gloo's and NCCL's errors; ours are not RuntimeErrors
