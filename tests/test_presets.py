@@ -93,7 +93,8 @@ def build_pieces(c: dict):
     schedule = build_schedule(sched.pop("name"), num_layers=reducer.num_compressible,
                               compressor=comp_name, default_level=compressor_level(comp_name, comp),
                               base_global_batch=c["trainer"]["batch_size"] * world,
-                              world_size=world, total_epochs=c["trainer"]["epochs"], **sched)
+                              world_size=world, total_epochs=c["trainer"]["epochs"],
+                              layer_shapes=reducer.matrix_shapes, **sched)
     return model, reducer, schedule
 
 
