@@ -54,6 +54,32 @@ def test_the_whole_cifar_study_runs_each_configuration_once():
     assert {TWINS[p] for p in TWINS if "/resnet18_" in p} <= set(script.FULL_CORE)
 
 
+@pytest.mark.slow
+def test_the_successors_are_queued_at_cpu_long_with_the_compared_settings(tmp_path):
+    """L-GreCo r0 = 2 (ranks 1..4, alpha 1), L-GreCo + Accordion 2<->1, ACP-SGD rank 2 and the
+    phase rule, after the study's own runs, for every seed, on the whole CIFAR-10."""
+    from accordion_repro.analysis.layout import SUCCESSORS
+
+    script = _script()
+    assert script.LONG_SUCCESSORS == list(SUCCESSORS.own_presets)
+    order = script.run_order("cpu_long", [42, 43, 44], ["*"])
+    assert order[-12:] == [(p, s) for s in (42, 43, 44) for p in script.LONG_SUCCESSORS]
+    settings = {}
+    for preset in script.LONG_SUCCESSORS:
+        argv = script.command(preset, 42, tmp_path / "data", tmp_path / "out", [], "cpu_long")
+        cfg = compose_cfg([a for a in argv[3:] if not a.startswith("hydra.")])
+        assert cfg.scale.name == "cpu_long" and cfg.dataset.name == "npz"
+        assert cfg.run.name == preset and cfg.run.table == "successors"
+        settings[preset.split("/resnet18_")[1]] = (cfg.compressor.name, cfg.compressor.rank,
+                                                   dict(cfg.schedule))
+    name, rank, lgreco = settings["lgreco"]
+    assert (name, lgreco["r0"], lgreco["gamma"], lgreco["beta"], lgreco["alpha"]) == \
+        ("powersgd", 2, 0.5, 2.0, 1.0)
+    assert (settings["lgreco_accordion"][2]["low"], settings["lgreco_accordion"][2]["high"]) == (2, 1)
+    assert settings["acp_powersgd"][:2] == ("acp_powersgd", 2)
+    assert settings["phase_rule"][2]["name"] == "phase_rule"
+
+
 def _eta_sweep_names():
     return sorted(_script().ETA_SWEEP)
 

@@ -260,3 +260,31 @@ def test_successor_schedules_resume_exactly(name, options):
     gen.set_state(gen_state)
     b = [epoch(second, probe2, e) for e in range(2, 5)]
     assert a == b and second.plan == first.plan
+
+
+# ---- the phase-rule preset sends Accordion's floats ----------------------------------------------
+def test_phase_rule_preset_matches_accordions_committed_floats_at_cpu_long():
+    """Mean floats per step of successors/resnet18_phase_rule at scale=cpu_long (its plan of
+    each epoch, through the reducer's own count) within 1 % of the mean of the committed
+    Accordion 2<->1 runs at that scale (total floats / total steps, over their seeds)."""
+    import json
+    from pathlib import Path
+
+    from test_presets import build_pieces, composed
+
+    runs = sorted(Path(__file__).resolve().parents[1].glob(
+        "results/runs/cpu_long/table1/resnet18_powersgd_accordion/seed*/metrics.jsonl"))
+    if not runs:
+        pytest.skip("no committed Accordion runs at scale=cpu_long")
+    per_run = []
+    for path in runs:
+        epochs = [json.loads(line) for line in path.read_text().splitlines() if line]
+        per_run.append(sum(e["floats_sent"] for e in epochs) / sum(e["steps"] for e in epochs))
+    accordion = sum(per_run) / len(per_run)
+    c = composed("successors/resnet18_phase_rule", "cpu_long")
+    _, reducer, schedule = build_pieces(c)
+    epochs = c["trainer"]["epochs"]
+    plans = [schedule.initial_plan().levels]
+    plans += [schedule.on_epoch_end(e, None).levels for e in range(epochs - 1)]
+    phase_rule = sum(reducer.floats_per_step(levels) for levels in plans) / epochs
+    assert phase_rule == pytest.approx(accordion, rel=0.01), (phase_rule, accordion)
