@@ -1,6 +1,9 @@
-"""Accordion on your own DistributedDataParallel model, in one object.
+"""Accordion (and its successors) on your own DistributedDataParallel model, in one object.
 
     acc = Accordion(ddp_model, compressor="powersgd", low=2, high=1, eta=0.5, interval=10)
+    # or LGreCo(ddp_model, r0=2), LGreCoAccordion(ddp_model, r0=2, low=2, high=1),
+    # PhaseRule(ddp_model, boundaries=[0.5], splits=[10000], levels=[[2, 2], [2, 1]],
+    #           total_epochs=30), any of them with compressor="acp_powersgd"
     for epoch in range(epochs):
         ...                                          # train as usual: forward, backward, step
         acc.end_epoch(epoch, lr_now, lr_next)        # every rank, at the end of each epoch
@@ -22,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from .accordion import DetectorSettings, Plan, build_schedule
+from .accordion import SCHEDULES, DetectorSettings, Plan, build_schedule
 from .comm import level_option
 from .comm.collectives import broadcast_object
 from .comm.config import SETTINGS as COMPRESSOR_SETTINGS
@@ -44,67 +47,87 @@ def _compressor_options(compressor: str, level: str) -> list[str]:
     return sorted(f.name for f in fields(COMPRESSOR_SETTINGS[compressor]) if f.name != level)
 
 
-def _in_callers_words(exc: ConfigError, level: str) -> ConfigError:
-    """A ConfigError of the pieces underneath, naming Accordion's own argument, not a config key
+def _schedule_arguments(schedule: str) -> tuple[str, ...]:
+    """The schedule's own keywords (the detector's come apart), in their Settings' order."""
+    return tuple(o for o in SCHEDULES[schedule].options() if o not in DETECTOR_OPTIONS)
+
+
+def _in_callers_words(exc: ConfigError, level: str, level_from: str,
+                      arguments: tuple[str, ...]) -> ConfigError:
+    """A ConfigError of the pieces underneath, naming the object's own argument, not a config key
     (`compressor.ratio` is `low`, `schedule.high` is `high`, `schedule.eta` is `eta`)."""
-    names = {f"compressor.{level}": "low", "schedule.low": "low", "schedule.high": "high"}
+    names = {f"compressor.{level}": level_from,
+             **{f"schedule.{argument}": argument for argument in arguments}}
     argument = names.get(exc.key, exc.key.split(".")[-1])
     message = str(exc).removeprefix(f"{exc.key}: ")
-    for key, name in names.items():
+    for key, name in sorted(names.items(), key=lambda item: -len(item[0])):
         message = message.replace(key, name)
     return ConfigError(argument, message)
 
 
-class Accordion:
-    """Adaptive per-layer compression for a DistributedDataParallel model.
+class AdaptiveCompression:
+    """One object on a DistributedDataParallel model: the hook, rank 0's measurement, the
+    schedule; per-layer levels decided at the end of each epoch and applied on every rank.
 
-    `low` is the level inside critical regimes (PowerSGD rank, or Top-K kept fraction) and
-    `high` the level outside them; `eta`, `interval`, `lr_decay_rule` and `statistic` are the
-    detector's (docs/schedules.md; their defaults are DetectorSettings'). Other keywords go to
-    the compressor (error_feedback, warm_start, seed for PowerSGD; official_topk for Top-K).
-    `async_op` and `check_levels` go to AccordionHookState (comm/ddp_hook.py).
+    A subclass names its schedule (`SCHEDULE`, a key of accordion.SCHEDULES) and which of the
+    schedule's arguments gives the compressor its starting level (`_start_level`). Keywords the
+    schedule takes go to the schedule; the compressor's other options (error_feedback, seed,
+    ...) to the compressor; `async_op` and `check_levels` to AccordionHookState.
     """
 
+    SCHEDULE: str
+    LEVEL_FROM: str  # the argument a message names for the compressor's level
+
     def __init__(self, ddp_model: DistributedDataParallel, compressor: str = "powersgd", *,
-                 low, high, async_op: bool = True, check_levels: bool = True, **options):
+                 async_op: bool = True, check_levels: bool = True,
+                 total_epochs: int | None = None, **options):
+        """`total_epochs`: only for epochs given as fractions of the run (phase_rule)."""
         if not isinstance(ddp_model, DistributedDataParallel):
-            raise TypeError("Accordion needs the DistributedDataParallel-wrapped model (it "
-                            "registers a communication hook on it), got "
+            raise TypeError(f"{type(self).__name__} needs the DistributedDataParallel-wrapped "
+                            "model (it registers a communication hook on it), got "
                             f"{type(ddp_model).__name__}")
         if compressor not in COMPRESSOR_SETTINGS or level_option(compressor) is None:
-            raise ValueError(f"Accordion adapts a compression level; compressor {compressor!r} "
-                             "has none (use powersgd or topk)")
+            raise ValueError(f"{type(self).__name__} adapts a compression level; compressor "
+                             f"{compressor!r} has none (use powersgd, acp_powersgd or topk)")
         option = level_option(compressor)
         passed = _compressor_options(compressor, option)
+        own = _schedule_arguments(self.SCHEDULE)
+        detector_options = [o for o in DETECTOR_OPTIONS if o in SCHEDULES[self.SCHEDULE].options()]
         if option in options:
-            raise TypeError(f"Accordion() takes no {option}=: low and high set each layer's "
-                            f"{option} (got {option}={options[option]!r})")
-        unknown = sorted(set(options) - set(DETECTOR_OPTIONS) - set(passed))
+            raise TypeError(f"{type(self).__name__}() takes no {option}=: "
+                            f"{' and '.join(a for a in own if a in ('low', 'high')) or 'the schedule'}"
+                            f" set each layer's {option} (got {option}={options[option]!r})")
+        unknown = sorted(set(options) - set(own) - set(detector_options) - set(passed))
         if unknown:
+            detector_text = (f"the detector's {', '.join(detector_options)} and "
+                             if detector_options else "")
             raise TypeError(
-                f"Accordion() got an unexpected keyword argument {unknown[0]!r}; it takes low, "
-                f"high, async_op, check_levels, the detector's {', '.join(DETECTOR_OPTIONS)} "
-                f"and {compressor}'s {', '.join(passed)}")
+                f"{type(self).__name__}() got an unexpected keyword argument {unknown[0]!r}; it "
+                f"takes {', '.join(own)}, async_op, check_levels, {detector_text}"
+                f"{compressor}'s {', '.join(passed)}")
         group = ddp_model.process_group
-        detector = {name: options.pop(name) for name in DETECTOR_OPTIONS if name in options}
-        options = {option: low, **options}
+        schedule_options = {name: options.pop(name) for name in [*own, *detector_options]
+                            if name in options}
         world_size = dist.get_world_size(group)
         try:
+            start = {option: self._start_level(schedule_options), **options}
             # The level check runs in this object's forward pre-hook instead (below), where a
             # rank that calls end_epoch alone meets it before any gradient collective.
             self.state = AccordionHookState(ddp_model.module, compressor, group=group,
-                                            async_op=async_op, check_levels=False, **options)
+                                            async_op=async_op, check_levels=False, **start)
             self.schedule = build_schedule(
-                "accordion", num_layers=len(self.state.layer_names), compressor=compressor,
-                default_level=options[option], base_global_batch=None,
-                world_size=world_size, low=low, high=high, **detector)
+                self.SCHEDULE, num_layers=len(self.state.layer_names), compressor=compressor,
+                default_level=start[option], base_global_batch=None, world_size=world_size,
+                total_epochs=total_epochs, layer_shapes=self.state.reducer.matrix_shapes,
+                **schedule_options)
         except ConfigError as exc:
-            raise _in_callers_words(exc, option) from None
+            raise _in_callers_words(exc, option, self.LEVEL_FROM, own) from None
         self.rank = dist.get_rank(group)
         self._src = dist.get_global_rank(group, 0)  # the group's rank 0 decides
         self.check_levels = bool(check_levels)
         if compressor == "topk" and self.rank == 0:
-            _warn_above_break_even({"low": low, "high": high}, world_size)
+            _warn_above_break_even({k: v for k, v in schedule_options.items()
+                                    if k in ("low", "high")}, world_size)
         # Rank 0's local gradients decide, as in the paper's code; the other ranks skip the sums.
         self.detector = self.schedule.make_detector() if self.rank == 0 else None
         if self.detector is not None:
@@ -117,6 +140,10 @@ class Accordion:
         ddp_model.register_comm_hook(self.state, accordion_hook)
         if self.check_levels:
             ddp_model.register_forward_pre_hook(self._check_before_forward)
+
+    def _start_level(self, schedule_options: dict):
+        """The compressor's level before the first plan (each subclass's own argument)."""
+        return schedule_options.get(self.LEVEL_FROM)
 
     def _check_before_forward(self, module, args) -> None:
         """One 16-byte all-reduce per training forward, before DDP's own collectives (its
@@ -152,19 +179,23 @@ class Accordion:
         """Decide the levels from epoch + 1 on; call it on every rank at the end of `epoch`.
 
         `lr_now` is the learning rate used during `epoch`, `lr_next` the one scheduled for
-        epoch + 1 (a decay between them sends every layer to `low`). Rank 0's detector decides;
-        the decision is broadcast and every rank's schedule turns it into the same plan.
+        epoch + 1 (for Accordion's detector a decay between them sends every layer to `low`).
+        Rank 0's measurement (the detector's flags, L-GreCo's error table) is broadcast and
+        every rank's schedule turns it into the same plan; a schedule that measures nothing
+        (phase_rule) plans from the epoch alone.
         """
         if self.check_levels:  # every rank is here, at the same epoch (one line if not)
             check_agreement(self.state.reducer, ending_epoch=epoch)
         decision = None
         if self.detector is not None:
-            critical = self.detector.end_epoch(epoch, lr_now, lr_next)
-            decision = {"critical": critical, "report": self.detector.report}
-        decision = broadcast_object(decision, src=self._src, group=self._group)
-        self.plan = self.schedule.on_epoch_end(epoch, decision["critical"])
+            measured = self.detector.end_epoch(epoch, lr_now, lr_next)
+            decision = {"measured": measured, "report": self.detector.report}
+        if self.schedule.needs_detector:
+            decision = broadcast_object(decision, src=self._src, group=self._group)
+        measured, report = (decision["measured"], decision["report"]) if decision else (None, {})
+        self.plan = self.schedule.on_epoch_end(epoch, measured)
         self.state.set_levels(self.plan.levels)
-        self.report = {**decision["report"], "uncompressed_layers": self.uncompressed_layers}
+        self.report = {**report, "uncompressed_layers": self.uncompressed_layers}
         return self.plan
 
     # ---- checkpoints ----------------------------------------------------------------------
@@ -204,6 +235,78 @@ class Accordion:
         self.state.set_level(layer_name, level)
 
 
+class Accordion(AdaptiveCompression):
+    """Adaptive per-layer compression for a DistributedDataParallel model.
+
+    `low` is the level inside critical regimes (PowerSGD rank, or Top-K kept fraction) and
+    `high` the level outside them; `eta`, `interval`, `lr_decay_rule` and `statistic` are the
+    detector's (docs/schedules.md; their defaults are DetectorSettings'). Other keywords go to
+    the compressor (error_feedback, warm_start, seed for PowerSGD; official_topk for Top-K).
+    `async_op` and `check_levels` go to AccordionHookState (comm/ddp_hook.py).
+    """
+
+    SCHEDULE = "accordion"
+    LEVEL_FROM = "low"
+
+    def __init__(self, ddp_model: DistributedDataParallel, compressor: str = "powersgd", *,
+                 low, high, async_op: bool = True, check_levels: bool = True, **options):
+        super().__init__(ddp_model, compressor, low=low, high=high, async_op=async_op,
+                         check_levels=check_levels, **options)
+
+
+class LGreCo(AdaptiveCompression):
+    """L-GreCo's per-layer ranks (schedule=lgreco): each epoch, the ranks of least size whose
+    summed error is at most alpha x that of rank `r0` everywhere, from rank 0's error table of
+    candidates floor(gamma r0)..ceil(beta r0). Keywords: r0, gamma, beta, alpha, bins; the
+    compressor's (powersgd or acp_powersgd) other options."""
+
+    SCHEDULE = "lgreco"
+    LEVEL_FROM = "r0"
+
+    def __init__(self, ddp_model: DistributedDataParallel, compressor: str = "powersgd", *,
+                 r0: int, async_op: bool = True, check_levels: bool = True, **options):
+        super().__init__(ddp_model, compressor, r0=r0, async_op=async_op,
+                         check_levels=check_levels, **options)
+
+
+class LGreCoAccordion(AdaptiveCompression):
+    """L-GreCo + Accordion (schedule=lgreco_accordion): Accordion's detector picks `low` or
+    `high` per layer, and the error of that choice (times alpha) is L-GreCo's budget."""
+
+    SCHEDULE = "lgreco_accordion"
+    LEVEL_FROM = "low"
+
+    def __init__(self, ddp_model: DistributedDataParallel, compressor: str = "powersgd", *,
+                 r0: int, low: int, high: int, async_op: bool = True, check_levels: bool = True,
+                 **options):
+        super().__init__(ddp_model, compressor, r0=r0, low=low, high=high, async_op=async_op,
+                         check_levels=check_levels, **options)
+
+
+class PhaseRule(AdaptiveCompression):
+    """The zero-cost phase/size rule (schedule=phase_rule): levels[phase][size group], phases
+    starting at `boundaries` (epochs, or fractions of `total_epochs`), size groups at `splits`
+    (entries of a layer). No measurement and no broadcast at the end of an epoch."""
+
+    SCHEDULE = "phase_rule"
+    LEVEL_FROM = "levels"
+
+    def __init__(self, ddp_model: DistributedDataParallel, compressor: str = "powersgd", *,
+                 boundaries, splits, levels, total_epochs: int | None = None,
+                 async_op: bool = True, check_levels: bool = True, **options):
+        super().__init__(ddp_model, compressor, boundaries=boundaries, splits=splits,
+                         levels=levels, total_epochs=total_epochs, async_op=async_op,
+                         check_levels=check_levels, **options)
+
+    def _start_level(self, schedule_options: dict):
+        """The table's first entry; the schedule's own plan replaces it before any step."""
+        table = schedule_options.get("levels")
+        try:
+            return table[0][0]
+        except (TypeError, IndexError, KeyError):
+            return None  # the schedule's check names what is wrong with the table
+
+
 def _warn_above_break_even(levels: dict[str, float], world_size: int) -> None:
     """Top-K's all-gather sends 2 k values and indices from each of `world_size` workers: a
     layer costs 2 x ratio x world_size of its dense all-reduce, so a ratio at or above
@@ -218,4 +321,5 @@ def _warn_above_break_even(levels: dict[str, float], world_size: int) -> None:
                 f"{break_even:g} (1 / (2 x world size))", AccordionWarning, stacklevel=3)
 
 
-__all__ = ["Accordion", "AccordionWarning"]
+__all__ = ["AdaptiveCompression", "Accordion", "LGreCo", "LGreCoAccordion", "PhaseRule",
+           "AccordionWarning"]
