@@ -92,11 +92,12 @@ class AdaptiveCompression:
         option = level_option(compressor)
         passed = _compressor_options(compressor, option)
         own = _schedule_arguments(self.SCHEDULE)
-        detector_options = [o for o in DETECTOR_OPTIONS if o in SCHEDULES[self.SCHEDULE].options()]
+        detector_options = [o for o in DETECTOR_OPTIONS
+                            if o in SCHEDULES[self.SCHEDULE].options()]
         if option in options:
-            raise TypeError(f"{type(self).__name__}() takes no {option}=: "
-                            f"{' and '.join(a for a in own if a in ('low', 'high')) or 'the schedule'}"
-                            f" set each layer's {option} (got {option}={options[option]!r})")
+            setters = " and ".join(a for a in own if a in ("low", "high")) or "the schedule"
+            raise TypeError(f"{type(self).__name__}() takes no {option}=: {setters} set each "
+                            f"layer's {option} (got {option}={options[option]!r})")
         unknown = sorted(set(options) - set(own) - set(detector_options) - set(passed))
         if unknown:
             detector_text = (f"the detector's {', '.join(detector_options)} and "

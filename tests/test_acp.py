@@ -10,7 +10,7 @@ import torch
 
 from accordion_repro.comm import acp, build_reducer
 from accordion_repro.comm.acp import ACPPowerSGDReducer
-from test_comm_distributed import WORLD, dense_average, local_grads, run_workers
+from test_comm_distributed import dense_average, local_grads, run_workers
 
 # Square layers (8x8, a conv viewed as 6x6) and a bias: at rank n = m both factors are square,
 # so every turn, P's and Q's, must give back M exactly.

@@ -81,7 +81,8 @@ def test_lgreco_dp_equals_brute_force_on_small_layer_sets():
 def check_monotone_in_budget(choose):
     alphas = [0.3, 0.5, 0.7, 0.9, 1.0, 1.2, 1.5, 2.0, 3.0]
     for errors, costs, reference, _, bins in instances(seed=1):
-        totals = [sum(costs[l][c] for l, c in enumerate(choose(errors, costs, reference, a, bins)))
+        totals = [sum(costs[l][c]
+                      for l, c in enumerate(choose(errors, costs, reference, a, bins)))
                   for a in alphas]
         assert all(later <= earlier for earlier, later in zip(totals, totals[1:])), totals
 

@@ -40,7 +40,8 @@ def rank_errors(matrix: torch.Tensor, ranks: Sequence[int]) -> list[float]:
     """||M - M_r||_F of the best rank-r approximation for each r: the root of the sum of the
     squared singular values past the r-th (0 from r = min(n, m) on), in float64."""
     singular = torch.linalg.svdvals(matrix.detach().to(torch.float64)).cpu()
-    tail = torch.flip(torch.cumsum(torch.flip(singular.square(), [0]), 0), [0])  # tail[i] = sum s_j^2, j >= i
+    # tail[i] = sum of s_j^2 over j >= i
+    tail = torch.flip(torch.cumsum(torch.flip(singular.square(), [0]), 0), [0])
     return [float(tail[r].sqrt()) if r < len(tail) else 0.0 for r in ranks]
 
 

@@ -77,10 +77,12 @@ def _table(o: ScheduleOptions, option: str) -> list[list]:
 class LGreCoSettings(Settings):
     SECTION = "schedule"
     r0: int = option(_rank)  # the uniform rank whose error sets the budget (conf gives it)
-    gamma: float = option(Options.number, high=1.0, closed="high", default=0.5)  # least rank: floor(gamma r0)
-    beta: float = option(Options.number, low=1.0, closed="low", default=2.0)  # largest: ceil(beta r0)
-    alpha: float = option(Options.number, default=1.0)  # error budget: alpha x the reference error
-    bins: int = option(Options.integer, default=10_000)  # the DP's error grid (the released DPBUCKETS)
+    # candidates floor(gamma r0) .. ceil(beta r0); budget alpha x the reference error; the DP's
+    # error grid in steps of the reference (the released DPBUCKETS)
+    gamma: float = option(Options.number, high=1.0, closed="high", default=0.5)
+    beta: float = option(Options.number, low=1.0, closed="low", default=2.0)
+    alpha: float = option(Options.number, default=1.0)
+    bins: int = option(Options.integer, default=10_000)
 
     @property
     def ranks(self) -> list[int]:
