@@ -98,6 +98,26 @@ def _require(cond: bool, key: str, message: str) -> None:
         raise ConfigError(key, message)
 
 
+def _check_fsdp(c: dict, t, world: int) -> None:
+    """dist.strategy=fsdp refuses, before any rank starts, what it cannot shard (one line each)."""
+    _require(world >= 2, "dist.strategy",
+             f"fsdp needs 2 or more ranks, got {world}: with one, FSDP reduces nothing and the "
+             "compressor never runs (dist.nproc_per_node=2, or dist.strategy=ddp)")
+    _require(t.precision != "fp16", "trainer.precision",
+             "fp16 is not supported under dist.strategy=fsdp: loss scaling unscales each rank's "
+             "local gradient, which FSDP reduces inside backward; use bf16 or fp32")
+
+
+def _warn_if_bf16_is_emulated(t) -> None:
+    import torch
+
+    from accordion_repro.engine.precision import EMULATED_BF16, cpu_bf16_is_emulated
+
+    if t.precision == "bf16" and not t.use_cuda and cpu_bf16_is_emulated():
+        print("warning: " + EMULATED_BF16.format(
+            capability=torch.backends.cpu.get_cpu_capability()), file=sys.stderr)
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError (or DatasetMissingError) for anything that would fail later."""
     from accordion_repro.accordion import SCHEDULES, validate_schedule
@@ -130,7 +150,9 @@ def validate(cfg: DictConfig) -> None:
     if env_rank() == 0:
         for warning in caught:
             print(f"warning: {warning.message}", file=sys.stderr)
-    DistSettings.from_config(c["dist"])
+        _warn_if_bf16_is_emulated(t)
+    if DistSettings.from_config(c["dist"]).strategy == "fsdp":
+        _check_fsdp(c, t, world_size_of(c))
     model = dict(c["model"])
     MODEL_SETTINGS[model.pop("name")].from_config(model, owner=f"model {model_name!r}")
     WandbSettings.from_config(c["logger"]["wandb"])

@@ -1,4 +1,5 @@
-"""Accordion (and its successors) on your own DistributedDataParallel model, in one object.
+"""Accordion (and its successors) on your own DistributedDataParallel or FSDP2 (fully_shard)
+model, in one object.
 
     acc = Accordion(ddp_model, compressor="powersgd", low=2, high=1, eta=0.5, interval=10)
     # or LGreCo(ddp_model, r0=2), LGreCoAccordion(ddp_model, r0=2, low=2, high=1),
@@ -8,9 +9,10 @@
         ...                                          # train as usual: forward, backward, step
         acc.end_epoch(epoch, lr_now, lr_next)        # every rank, at the end of each epoch
 
-The object registers the Accordion hook on the model (comm/ddp_hook.py), feeds rank 0's
-detector each bucket's *local* gradients before they are reduced (after backward() p.grad holds
-the averaged, compressed gradient, which would change the decisions), applies the schedule's
+The object registers the Accordion hook on the model (comm/ddp_hook.py; for a fully_shard model,
+each unit's custom reduce-scatter, comm/fsdp.py, docs/fsdp.md), feeds rank 0's detector each
+bucket's (unit's) *local* gradients before they are reduced (after backward() p.grad holds the
+averaged, compressed gradient, which would change the decisions), applies the schedule's
 initial plan (every layer at `low`), and at the end of an epoch lets rank 0 decide, broadcasts
 the decision and applies the plan on every rank. It is what the suite's trainer does in its
 own loop (engine/trainer.py; docs/compressors.md says why that loop stays separate).
@@ -18,7 +20,10 @@ own loop (engine/trainer.py; docs/compressors.md says why that loop stays separa
 
 from __future__ import annotations
 
+import copy
+import difflib
 import warnings
+import zlib
 from dataclasses import fields
 
 import torch
@@ -30,8 +35,10 @@ from .comm import level_option
 from .comm.collectives import broadcast_object
 from .comm.config import SETTINGS as COMPRESSOR_SETTINGS
 from .comm.ddp_hook import AccordionHookState, accordion_hook, check_agreement
+from .comm.fsdp import FSDPReducerState, is_fsdp_model
 from .comm.stats import CommStats
 from .errors import ConfigError
+from .options import Options, defaults_of, is_real
 
 _STATE_VERSION = 1
 DETECTOR_OPTIONS = tuple(f.name for f in fields(DetectorSettings))
@@ -45,6 +52,12 @@ class AccordionWarning(UserWarning):
 def _compressor_options(compressor: str, level: str) -> list[str]:
     """The compressor's own keywords that Accordion passes through (its level is low/high)."""
     return sorted(f.name for f in fields(COMPRESSOR_SETTINGS[compressor]) if f.name != level)
+
+
+# The compressors whose level Accordion adapts, and every option any of them passes through.
+ADAPTABLE = tuple(sorted(name for name in COMPRESSOR_SETTINGS if level_option(name) is not None))
+PASSED_OPTIONS = tuple(sorted({option for name in ADAPTABLE
+                               for option in _compressor_options(name, level_option(name))}))
 
 
 def _schedule_arguments(schedule: str) -> tuple[str, ...]:
@@ -66,29 +79,34 @@ def _in_callers_words(exc: ConfigError, level: str, level_from: str,
 
 
 class AdaptiveCompression:
-    """One object on a DistributedDataParallel model: the hook, rank 0's measurement, the
-    schedule; per-layer levels decided at the end of each epoch and applied on every rank.
+    """One object on a DistributedDataParallel or fully_shard model: the hook, rank 0's
+    measurement, the schedule; per-layer levels decided at the end of each epoch and applied on
+    every rank.
 
     A subclass names its schedule (`SCHEDULE`, a key of accordion.SCHEDULES) and which of the
-    schedule's arguments gives the compressor its starting level (`_start_level`). Keywords the
-    schedule takes go to the schedule; the compressor's other options (error_feedback, seed,
-    ...) to the compressor; `async_op` and `check_levels` to AccordionHookState.
+    schedule's arguments gives the compressor its starting level (`LEVEL_FROM`,
+    `_start_level`). Keywords the schedule takes go to the schedule; the compressor's other
+    options (error_feedback, seed, ...) to the compressor; `async_op` and `check_levels` to
+    AccordionHookState (comm/ddp_hook.py); `async_op` is DDP's only (an FSDP unit's
+    reduce-scatter is synchronous in FSDP's own stream). Every rank must pass the same
+    arguments: one small all-reduce at construction compares them.
     """
 
     SCHEDULE: str
     LEVEL_FROM: str  # the argument a message names for the compressor's level
+    TAKES_TOTAL_EPOCHS = False  # only a schedule with epochs as fractions of the run needs it
 
-    def __init__(self, ddp_model: DistributedDataParallel, compressor: str = "powersgd", *,
+    def __init__(self, ddp_model, compressor: str = "powersgd", *,
                  async_op: bool = True, check_levels: bool = True,
                  total_epochs: int | None = None, **options):
         """`total_epochs`: only for epochs given as fractions of the run (phase_rule)."""
-        if not isinstance(ddp_model, DistributedDataParallel):
-            raise TypeError(f"{type(self).__name__} needs the DistributedDataParallel-wrapped "
-                            "model (it registers a communication hook on it), got "
-                            f"{type(ddp_model).__name__}")
-        if compressor not in COMPRESSOR_SETTINGS or level_option(compressor) is None:
-            raise ValueError(f"{type(self).__name__} adapts a compression level; compressor "
-                             f"{compressor!r} has none (use powersgd, acp_powersgd or topk)")
+        who = type(self).__name__
+        fsdp = is_fsdp_model(ddp_model)
+        if not fsdp and not isinstance(ddp_model, DistributedDataParallel):
+            raise TypeError(f"{who} needs the DistributedDataParallel-wrapped model or a "
+                            "model wrapped with fully_shard (it hooks their gradient "
+                            f"communication), got {type(ddp_model).__name__}")
+        _check_compressor(compressor, who)
         option = level_option(compressor)
         passed = _compressor_options(compressor, option)
         own = _schedule_arguments(self.SCHEDULE)
@@ -96,26 +114,51 @@ class AdaptiveCompression:
                             if o in SCHEDULES[self.SCHEDULE].options()]
         if option in options:
             setters = " and ".join(a for a in own if a in ("low", "high")) or "the schedule"
-            raise TypeError(f"{type(self).__name__}() takes no {option}=: {setters} set each "
+            raise TypeError(f"{who}() takes no {option}=: {setters} set each "
                             f"layer's {option} (got {option}={options[option]!r})")
         unknown = sorted(set(options) - set(own) - set(detector_options) - set(passed))
         if unknown:
             detector_text = (f"the detector's {', '.join(detector_options)} and "
                              if detector_options else "")
             raise TypeError(
-                f"{type(self).__name__}() got an unexpected keyword argument {unknown[0]!r}; it "
+                f"{who}() got an unexpected keyword argument {unknown[0]!r}; it "
                 f"takes {', '.join(own)}, async_op, check_levels, {detector_text}"
                 f"{compressor}'s {', '.join(passed)}")
-        group = ddp_model.process_group
         schedule_options = {name: options.pop(name) for name in [*own, *detector_options]
                             if name in options}
-        world_size = dist.get_world_size(group)
+        # Every rank must pass the same arguments (checked below, once, across the ranks):
+        # the same names, in the same order, on every rank, whatever the compressor.
+        compressor_defaults = defaults_of(COMPRESSOR_SETTINGS[compressor])
+        schedule_defaults = defaults_of(SCHEDULES[self.SCHEDULE].Settings)
+        arguments = {"compressor": compressor,
+                     **{name: schedule_options.get(name, schedule_defaults.get(name))
+                        for name in [*own, *detector_options]},
+                     "async_op": async_op, "check_levels": check_levels,
+                     **({"total_epochs": total_epochs} if self.TAKES_TOTAL_EPOCHS else {}),
+                     **{name: options.get(name, compressor_defaults.get(name))
+                        for name in PASSED_OPTIONS}}
+        # lr_decay_rule, for a schedule driven by Accordion's detector: True, False or a
+        # relative drop (the detector itself is shown only the drops that count).
+        self.lr_drop = (_lr_drop(schedule_options.get("lr_decay_rule", True))
+                        if "lr_decay_rule" in detector_options else None)
+        if "lr_decay_rule" in schedule_options:
+            schedule_options["lr_decay_rule"] = self.lr_drop is not None
         try:
+            Options(who, {"check_levels": check_levels}).flag("check_levels")
             start = {option: self._start_level(schedule_options), **options}
+            # AccordionHookState refuses an async_op that is not a bool ("no" is truthy).
             # The level check runs in this object's forward pre-hook instead (below), where a
             # rank that calls end_epoch alone meets it before any gradient collective.
-            self.state = AccordionHookState(ddp_model.module, compressor, group=group,
-                                            async_op=async_op, check_levels=False, **start)
+            if fsdp:
+                self.state = FSDPReducerState(ddp_model, compressor, check_levels=False,
+                                              **start)
+                group = self.state.group
+            else:
+                group = ddp_model.process_group
+                self.state = AccordionHookState(ddp_model.module, compressor, group=group,
+                                                async_op=async_op, check_levels=False,
+                                                **start)
+            world_size = dist.get_world_size(group)
             self.schedule = build_schedule(
                 self.SCHEDULE, num_layers=len(self.state.layer_names), compressor=compressor,
                 default_level=start[option], base_global_batch=None, world_size=world_size,
@@ -123,9 +166,10 @@ class AdaptiveCompression:
                 **schedule_options)
         except ConfigError as exc:
             raise _in_callers_words(exc, option, self.LEVEL_FROM, own) from None
+        _check_same_on_every_rank(arguments, self.state.reducer, who)
         self.rank = dist.get_rank(group)
         self._src = dist.get_global_rank(group, 0)  # the group's rank 0 decides
-        self.check_levels = bool(check_levels)
+        self.check_levels = check_levels
         if compressor == "topk" and self.rank == 0:
             _warn_above_break_even({k: v for k, v in schedule_options.items()
                                     if k in ("low", "high")}, world_size)
@@ -138,17 +182,32 @@ class AdaptiveCompression:
         self.state.set_levels(self.plan.levels)
         self.report: dict | None = None
         self._group = group
-        ddp_model.register_comm_hook(self.state, accordion_hook)
-        if self.check_levels:
-            ddp_model.register_forward_pre_hook(self._check_before_forward)
+        self._fired_at: int | None = None  # the last epoch whose LR drop made all layers critical
+        self._warned_continuous = False
+        # The level check and rank 0's decision travel as CPU tensors on a gloo group over
+        # the same ranks (comm/collectives.py control_group): no GPU sync, no current device.
+        self._control = self.state.reducer.comm.control()
+        if not fsdp:  # an FSDP state has set each unit's custom reduce-scatter already
+            ddp_model.register_comm_hook(self.state, accordion_hook)
+        if self.check_levels:  # before FSDP's own pre-forward hook (its all-gather) too
+            ddp_model.register_forward_pre_hook(self._check_before_forward, prepend=fsdp)
 
     def _start_level(self, schedule_options: dict):
         """The compressor's level before the first plan (each subclass's own argument)."""
         return schedule_options.get(self.LEVEL_FROM)
 
+    @torch.compiler.disable
     def _check_before_forward(self, module, args) -> None:
-        """One 16-byte all-reduce per training forward, before DDP's own collectives (its
-        buffer broadcast): the ranks hold the same levels and none is in end_epoch alone."""
+        """One 16-byte all-reduce per training forward, before DDP's (FSDP's) own collectives
+        (its buffer broadcast; its all-gather): the ranks hold the same levels and none is in
+        end_epoch alone.
+
+        A CPU tensor on the control group, so reading it waits for no GPU work. It runs on
+        every forward, accumulation micro-batches under no_sync included, because DDP
+        broadcasts its buffers on each of them: a rank in end_epoch alone must meet this check
+        first. torch.compile leaves it out of the graph (compiler.disable) instead of breaking
+        the graph at its host read with a warning on every rank (issue 37 item 15).
+        """
         if module.training and torch.is_grad_enabled():
             check_agreement(self.state.reducer)
 
@@ -172,7 +231,8 @@ class AdaptiveCompression:
                 if reducer._sends_dense(layer, level)]
 
     def pop_stats(self) -> CommStats:
-        """Floats, bytes and collectives this rank sent since the last call."""
+        """Floats, bytes and collectives this rank sent since the last call (under FSDP also
+        fsdp_reduce_scatter_bytes: what FSDP's own reduce-scatter would have sent)."""
         return self.state.pop_stats()
 
     # ---- end of an epoch ------------------------------------------------------------------
@@ -181,23 +241,54 @@ class AdaptiveCompression:
 
         `lr_now` is the learning rate used during `epoch`, `lr_next` the one scheduled for
         epoch + 1 (for Accordion's detector a decay between them sends every layer to `low`).
-        Rank 0's measurement (the detector's flags, L-GreCo's error table) is broadcast and
-        every rank's schedule turns it into the same plan; a schedule that measures nothing
-        (phase_rule) plans from the epoch alone.
+        Rank 0's measurement (the detector's flags, L-GreCo's error table) is broadcast on the
+        control group and every rank's schedule turns it into the same plan; a schedule that
+        measures nothing (phase_rule) plans from the epoch alone.
         """
         if self.check_levels:  # every rank is here, at the same epoch (one line if not)
             check_agreement(self.state.reducer, ending_epoch=epoch)
         decision = None
         if self.detector is not None:
-            measured = self.detector.end_epoch(epoch, lr_now, lr_next)
+            # A drop below lr_decay_rule's threshold is not shown to the detector as a decay.
+            shown_next = lr_next
+            if "lr_decay_rule" in self.schedule.options():
+                shown_next = lr_next if self._counts_as_decay(lr_now, lr_next) else lr_now
+            measured = self.detector.end_epoch(epoch, lr_now, shown_next)
             decision = {"measured": measured, "report": self.detector.report}
+            if self.lr_drop is not None:
+                self._warn_if_continuous(epoch, lr_now, lr_next)
         if self.schedule.needs_detector:
-            decision = broadcast_object(decision, src=self._src, group=self._group)
+            decision = broadcast_object(decision, src=self._src, group=self._control)
         measured, report = (decision["measured"], decision["report"]) if decision else (None, {})
         self.plan = self.schedule.on_epoch_end(epoch, measured)
         self.state.set_levels(self.plan.levels)
-        self.report = {**report, "uncompressed_layers": self.uncompressed_layers}
+        self.report = {**report, "uncompressed_layers": self.uncompressed_layers,
+                       "error_memory_bytes": self.state.reducer.memory_bytes()}
         return self.plan
+
+    def _counts_as_decay(self, lr_now: float, lr_next: float) -> bool:
+        """lr_decay_rule=True: any drop; a number: a relative drop of at least that much."""
+        if self.lr_drop is None or not lr_next < lr_now:
+            return False
+        return self.lr_drop == 0.0 or lr_now > 0 and (lr_now - lr_next) / lr_now >= self.lr_drop
+
+    def _warn_if_continuous(self, epoch: int, lr_now: float, lr_next: float) -> None:
+        """Rank 0, once: the rule fired at two epochs in a row. A step schedule decays a few
+        times in a run; a continuous one (cosine, exponential, linear) lowers the LR every
+        epoch, and with lr_decay_rule=True every layer would stay at `low` for good."""
+        if not self.detector.report.get("lr_rule_fired"):
+            return
+        if self._fired_at == epoch - 1 and self.lr_drop == 0.0 and not self._warned_continuous:
+            self._warned_continuous = True
+            warnings.warn(
+                f"{type(self).__name__}: the LR dropped at the end of epochs {epoch - 1} and "
+                f"{epoch} (now {lr_now:.4g} -> {lr_next:.4g}, "
+                f"{100 * (lr_now - lr_next) / lr_now:.2g} %): "
+                "lr_decay_rule=True counts every drop as a decay and holds every layer at low "
+                "in the epoch after it, so a continuous schedule (cosine, exponential, linear) "
+                "never compresses at high; pass lr_decay_rule=0.5 (a drop of half or more "
+                "counts) or False", AccordionWarning, stacklevel=3)
+        self._fired_at = epoch
 
     # ---- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -291,6 +382,7 @@ class PhaseRule(AdaptiveCompression):
 
     SCHEDULE = "phase_rule"
     LEVEL_FROM = "levels"
+    TAKES_TOTAL_EPOCHS = True
 
     def __init__(self, ddp_model: DistributedDataParallel, compressor: str = "powersgd", *,
                  boundaries, splits, levels, total_epochs: int | None = None,
@@ -308,6 +400,79 @@ class PhaseRule(AdaptiveCompression):
             return None  # the schedule's check names what is wrong with the table
 
 
+def _check_compressor(compressor, who: str = "Accordion") -> None:
+    """Only compressors with a level to adapt; an unknown name gets the valid ones."""
+    if compressor in ADAPTABLE:
+        return
+    valid = ", ".join(map(repr, ADAPTABLE[:-1])) + f" or {ADAPTABLE[-1]!r}"
+    if compressor in COMPRESSOR_SETTINGS:
+        raise ConfigError("compressor", f"{compressor!r} has no compression level to adapt; "
+                                        f"{who} takes {valid}")
+    close = difflib.get_close_matches(str(compressor).lower(), ADAPTABLE, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ConfigError("compressor", f"unknown compressor {compressor!r}: {who} takes {valid} "
+                                    f"(PowerSGD ranks or Top-K kept fractions){hint}")
+
+
+def _lr_drop(rule) -> float | None:
+    """lr_decay_rule as a threshold: None (off), 0.0 (any drop, the paper's rule) or the
+    relative drop (lr_now - lr_next) / lr_now from which a drop counts as a decay."""
+    if isinstance(rule, bool):
+        return 0.0 if rule else None
+    if is_real(rule) and 0 < rule <= 1:
+        return float(rule)
+    raise ConfigError("lr_decay_rule", "must be True (any LR drop is a decay), False, or the "
+                                       "relative drop from which a drop counts, in (0, 1]; "
+                                       f"got {rule!r}")
+
+
+def _fingerprint(value) -> int:
+    """The same number on every process for equal arguments (2 and 2.0 alike)."""
+    text = repr(float(value)) if is_real(value) else repr(value)
+    return zlib.crc32(text.encode())
+
+
+def _check_same_on_every_rank(arguments: dict, reducer, who: str = "Accordion") -> None:
+    """One small all-reduce at construction: every rank passed the same arguments. A rank
+    with another `high` would otherwise train alike until the levels first diverge, and a
+    rank with another `seed` would average unrelated Q's without any error."""
+    differ = reducer.comm.differing([_fingerprint(v) for v in arguments.values()],
+                                    reducer.device)
+    names = [name for name, different in zip(arguments, differ) if different]
+    if names:
+        also = f" (also {', '.join(names[1:])})" if names[1:] else ""
+        raise ConfigError(names[0], f"the ranks passed {who} different values{also}; rank "
+                                    f"{reducer.comm.rank} passed {arguments[names[0]]!r}: every "
+                                    "rank must pass the same arguments")
+
+
+def lr_now_and_next(scheduler, group: int = 0) -> tuple[float, float]:
+    """(lr_now, lr_next) of param group `group` for Accordion.end_epoch, from a torch LR
+    scheduler stepped once per epoch: call it at the end of the epoch, before
+    `scheduler.step()`. It steps the scheduler once and restores it (and the optimizer's
+    param groups: LR, momentum, betas), so any schedule (chained, sequential, one-cycle)
+    answers as its own step() will."""
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        raise TypeError("ReduceLROnPlateau decides its next LR from a metric passed to step(): "
+                        "pass lr_now and lr_next to end_epoch yourself (lr_next = lr_now "
+                        "unless the plateau rule will fire)")
+    optimizer = scheduler.optimizer
+    lr_now = optimizer.param_groups[group]["lr"]
+    saved_scheduler = copy.deepcopy(scheduler.state_dict())
+    saved_groups = [copy.deepcopy({k: v for k, v in g.items() if k != "params"})
+                    for g in optimizer.param_groups]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "step() before optimizer.step()" and the like
+            scheduler.step()
+        lr_next = optimizer.param_groups[group]["lr"]
+    finally:
+        scheduler.load_state_dict(saved_scheduler)
+        for param_group, saved in zip(optimizer.param_groups, saved_groups):
+            param_group.update(saved)
+    return float(lr_now), float(lr_next)
+
+
 def _warn_above_break_even(levels: dict[str, float], world_size: int) -> None:
     """Top-K's all-gather sends 2 k values and indices from each of `world_size` workers: a
     layer costs 2 x ratio x world_size of its dense all-reduce, so a ratio at or above
@@ -323,4 +488,4 @@ def _warn_above_break_even(levels: dict[str, float], world_size: int) -> None:
 
 
 __all__ = ["AdaptiveCompression", "Accordion", "LGreCo", "LGreCoAccordion", "PhaseRule",
-           "AccordionWarning"]
+           "AccordionWarning", "lr_now_and_next"]

@@ -82,7 +82,7 @@ class RunRecordGap(RuntimeError):
 
 # Keys added after runs were made: a run directory whose config lacks one ran as this value.
 ADDED_KEYS = {"trainer.precision": "fp32", "trainer.channels_last": False, "dataset.pipeline": "pil",
-              "schedule.detect": False, "model.width": 1.0}
+              "schedule.detect": False, "model.width": 1.0, "dist.strategy": "ddp"}
 # A static schedule without `detect` runs no detector: its detector options compute nothing.
 DETECTOR_KEYS = {"schedule.eta", "schedule.interval", "schedule.lr_decay_rule", "schedule.statistic"}
 

@@ -1,20 +1,32 @@
 """One prepared check of the CUDA and NCCL path, for the first minutes on a GPU (`make gpu-check`).
 
-Without a GPU it prints one line and exits 0. With one (at most about 10 minutes on one GPU):
-1. the trainer under torchrun, 1 rank, NCCL: PowerSGD Accordion and Top-K Accordion, full-width
-   ResNet-18 on synthetic CIFAR-shaped data through dataset.pipeline=device, 300 steps each;
-2. a stop after epoch 0 and a resume on CUDA (deterministic kernels), compared value by value
-   with the same run uninterrupted;
-3. the DDP hook (`Accordion`, asynchronous) under bf16 autocast, a few steps;
-4. step times (zero_grad, forward, backward with the DDP hook, SGD step; medians, configurations
-   interleaved per round) for fp32, bf16 and channels_last x dense (DDP's all-reduce), our
-   PowerSGD at ranks 1/2/4, torch's powerSGD_hook at ranks 1/2/4 and our Top-K 1/10/99 %.
-Everything goes to results/gpu/<date>/ (checks.csv, steps.csv, summary.md) to be committed.
+It runs in the environment it is given and installs nothing (`make gpu-check PYTHON=python3`,
+or `python3 scripts/gpu_check.py` from the repository: the package need not be installed).
+Without a GPU it prints one line and exits 0. With one, these parts run, each in its own
+process with a time limit, the whole check within --budget-s (default 450 s, under 8 minutes):
 
-`--tiny` runs the same script small on the CPU with gloo (the test suite does), so the GPU's
+- hook and step times: the DDP hook (`Accordion`, asynchronous) under bf16, then step times
+  (zero_grad, forward, backward with the hook, SGD step; medians, configurations interleaved)
+  for fp32, bf16 and channels_last x DDP's all-reduce, our PowerSGD at ranks 1/2/4, torch's
+  powerSGD_hook at ranks 1/2/4 and our Top-K 1/10/99 % (scripts/gpu_parts.py);
+- multi-gpu equality (2+ GPUs, up to 4; skipped, and said so, on one): the async hook equals
+  the sync hook bit for bit, levels that compress nothing equal plain DDP, Top-K replicas are
+  identical after N steps;
+- models: images/s of a training step per CIFAR model at fp32, bf16 and channels_last;
+- pipeline: images/s of dataset.pipeline=device against the PIL pipeline;
+- trainer powersgd / topk accordion, and a stop after epoch 0 and resume compared value by
+  value with the uninterrupted run: the trainer under torchrun, 1 rank, NCCL. They need Hydra
+  and omegaconf (the trainer's entry point); without them they are skipped with that reason.
+
+A part that runs past its limit is killed with its whole process group (torchrun's ranks
+included) and named: "gpu-check: DID NOT FINISH: <part> (stopped after N s)". Process groups
+have a short timeout too (pg_timeout_s), so a hung collective fails its part early. Results go
+to results/gpu/<date>-<gpu>/ (checks.csv, steps.csv, models.csv, pipeline.csv, summary.md).
+
+`--tiny` runs the same parts small on the CPU with gloo (the test suite does), so the GPU's
 minutes go to measuring, not to debugging.
 
-    python scripts/gpu_check.py [--tiny] [--out DIR]
+    python scripts/gpu_check.py [--tiny] [--out DIR] [--only PART ...] [--budget-s S]
 """
 
 from __future__ import annotations
@@ -24,7 +36,9 @@ import csv
 import datetime
 import json
 import os
-import statistics
+import re
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -32,22 +46,68 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-from bench_compressors import interleave  # noqa: E402
-
+PARTS_SCRIPT = REPO / "scripts" / "gpu_parts.py"
 TIMING = {"epoch_time_s", "compute_time_s", "comm_time_s"}
-STEP_CONFIGS = ["dense", "ours powersgd r1", "ours powersgd r2", "ours powersgd r4",
-                "torch powerSGD_hook r1", "torch powerSGD_hook r2", "torch powerSGD_hook r4",
-                "ours topk 0.01", "ours topk 0.1", "ours topk 0.99"]
-LAYOUTS = {"fp32": ("fp32", False), "bf16": ("bf16", False), "channels_last": ("fp32", True)}
+# Each part's own limit in seconds on a GPU (--tiny: the same; the budget bounds the total).
+PART_LIMITS = {"hook and step times": 150, "multi-gpu equality": 120, "models": 120,
+               "pipeline": 60, "trainer powersgd accordion": 120, "trainer topk accordion": 120,
+               "stop after epoch 0 and resume": 150}
+PARTS = list(PART_LIMITS)
+TRAINER_PARTS = PARTS[4:]
+HANG_ENV = "ACCORDION_GPU_CHECK_HANG"  # as scripts/gpu_parts.py
 
 
 def sizes(tiny: bool) -> dict:
     if tiny:
         return dict(device="cpu", backend="gloo", width=0.125, train_size=64, batch=16, epochs=2,
-                    steps=2, warmup=2, hook_steps=2)
+                    steps=1, warmup=1, hook_steps=2, model_steps=1, pipeline_batches=2,
+                    pipeline_rounds=1, equality_world=3, equality_batch=4, equality_steps=2,
+                    pg_timeout_s=60, threads=1)
     return dict(device="cuda", backend="nccl", width=1.0, train_size=12_800, batch=128, epochs=3,
-                steps=20, warmup=3, hook_steps=5)
+                steps=20, warmup=3, hook_steps=5, model_steps=10, pipeline_batches=16,
+                pipeline_rounds=5, equality_world=None, equality_batch=32, equality_steps=20,
+                pg_timeout_s=60, threads=None)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _env() -> dict:
+    """The children import this checkout whether or not it is installed."""
+    path = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": str(REPO) + (os.pathsep + path if path else "")}
+
+
+def run_limited(argv: list[str], limit_s: float) -> tuple[str, str, float]:
+    """Run argv in its own session, killed with its whole process group after `limit_s`.
+
+    Returns (status, last stderr line, seconds): status "ok", "failed" or "timeout".
+    """
+    start = time.perf_counter()
+    process = subprocess.Popen(argv, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, err = process.communicate(timeout=max(limit_s, 1))
+        status = "ok" if process.returncode == 0 else "failed"
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        _, err = process.communicate()
+        status = "timeout"
+    tail = (err.strip().splitlines() or [""])[-1]
+    return status, tail, time.perf_counter() - start
+
+
+class Budget:
+    """The whole check's deadline; each part gets its own limit or what is left, the less."""
+
+    def __init__(self, seconds: float):
+        self.deadline = time.monotonic() + seconds
+
+    def limit(self, part: str) -> float:
+        return min(PART_LIMITS[part], self.deadline - time.monotonic())
 
 
 def train_command(s: dict, run_dir: Path, *extra: str) -> list[str]:
@@ -57,219 +117,224 @@ def train_command(s: dict, run_dir: Path, *extra: str) -> list[str]:
             "model=resnet18", f"model.width={s['width']}", "dataset=synthetic_cifar10",
             f"dataset.train_size={s['train_size']}", "dataset.test_size=1024",
             "dataset.pipeline=device", f"trainer.device={s['device']}",
-            f"dist.backend={s['backend']}", f"trainer.epochs={s['epochs']}",
-            f"trainer.batch_size={s['batch']}", "trainer.eval_batch_size=256",
-            "trainer.max_eval_steps=2", "schedule=accordion", "schedule.interval=1",
-            "logger.wandb.mode=disabled", "trainer.progress=never", f"hydra.run.dir={run_dir}",
-            *extra]
+            f"dist.backend={s['backend']}", f"dist.timeout_s={s['pg_timeout_s']}",
+            f"trainer.epochs={s['epochs']}", f"trainer.batch_size={s['batch']}",
+            "trainer.eval_batch_size=256", "trainer.max_eval_steps=2", "schedule=accordion",
+            "schedule.interval=1", "logger.wandb.mode=disabled", "trainer.progress=never",
+            f"hydra.run.dir={run_dir}", *extra]
 
 
-def _free_port() -> int:
-    from accordion_repro.launch import free_port
-    return free_port()
+TRAINER_RUNS = {
+    # deterministic kernels in the PowerSGD run, which the stop-and-resume check compares with
+    "trainer powersgd accordion": ["compressor=powersgd", "schedule.low=2", "schedule.high=1",
+                                   "trainer.deterministic=true"],
+    "trainer topk accordion": ["compressor=topk", "schedule.low=0.1", "schedule.high=0.01"],
+}
 
 
 def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _run(argv: list[str]) -> tuple[int, str, float]:
-    start = time.perf_counter()
-    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True)
-    tail = (done.stderr.strip().splitlines() or [""])[-1]
-    return done.returncode, tail, time.perf_counter() - start
+def _trainer_missing() -> str | None:
+    """Why the trainer parts cannot run here (its entry point needs Hydra), or None."""
+    try:
+        import hydra  # noqa: F401
+        import omegaconf  # noqa: F401
+    except ImportError as exc:
+        return (f"skipped: {exc.name or exc} is not installed (the trainer's entry point needs Hydra "
+                "and omegaconf; docs/gpu.md installs them offline)")
+    return None
 
 
-def trainer_checks(s: dict, work: Path) -> list[dict]:
-    rows = []
-    # deterministic kernels in the PowerSGD run, which the stop-and-resume check compares with
-    runs = {"powersgd accordion": ["compressor=powersgd", "schedule.low=2", "schedule.high=1",
-                                   "trainer.deterministic=true"],
-            "topk accordion": ["compressor=topk", "schedule.low=0.1", "schedule.high=0.01"]}
-    for name, extra in runs.items():
-        run_dir = work / name.replace(" ", "_")
-        rc, tail, wall = _run(train_command(s, run_dir, *extra))
-        row = {"check": f"trainer {name}", "ok": rc == 0, "wall_s": round(wall, 1), "detail": tail}
-        if rc == 0:
+def _hung(argv: list[str], part: str) -> list[str]:
+    """argv, or a process that sleeps in its place when the hang stand-in names this part."""
+    if os.environ.get(HANG_ENV) == part:
+        return [sys.executable, "-c", "import time; time.sleep(3600)"]
+    return argv
+
+
+def trainer_part(part: str, s: dict, work: Path, limit: float) -> dict:
+    if part in TRAINER_RUNS:
+        run_dir = work / part.replace(" ", "_")
+        status, tail, wall = run_limited(_hung(train_command(s, run_dir, *TRAINER_RUNS[part]),
+                                               part), limit)
+        row = {"status": status, "wall_s": round(wall, 1), "detail": tail}
+        if status == "ok":
             m = _metrics(run_dir)
             epoch_times = ", ".join(f"{r['epoch_time_s']:.1f}" for r in m)
             row["detail"] = (f"{sum(r['steps'] for r in m)} steps, final test_acc "
                              f"{m[-1]['test_acc']:.2f}, epoch times {epoch_times} s, "
                              f"compute {sum(r['compute_time_s'] for r in m):.1f} s, comm "
                              f"{sum(r['comm_time_s'] for r in m):.1f} s")
-        rows.append(row)
-    # stop after epoch 0 and resume, against the PowerSGD run above (uninterrupted)
-    common = runs["powersgd accordion"]
-    whole, parts = work / "powersgd_accordion", work / "parts"
-    codes = [0 if rows[0]["ok"] else 1,
-             _run(train_command(s, parts, *common, "trainer.stop_after_epoch=0"))[0],
-             _run(train_command(s, parts, *common))[0]]
-    same, detail = False, f"exit codes {codes}"
-    if codes == [0, 0, 0]:
-        a = [{k: v for k, v in r.items() if k not in TIMING} for r in _metrics(whole)]
-        b = [{k: v for k, v in r.items() if k not in TIMING} for r in _metrics(parts)]
-        same = a == b
-        losses = [abs(x["train_loss"] - y["train_loss"]) for x, y in zip(a, b)]
-        detail = f"metrics equal: {same}; largest train_loss difference {max(losses):.3g}"
-    rows.append({"check": "stop after epoch 0 and resume", "ok": same, "wall_s": "",
-                 "detail": detail})
-    return rows
+        return row
+    # stop after epoch 0 and resume, against the uninterrupted PowerSGD run
+    common = TRAINER_RUNS["trainer powersgd accordion"]
+    whole, parts = work / "trainer_powersgd_accordion", work / "parts"
+    if not (whole / "metrics.jsonl").exists():
+        return {"status": "skipped", "wall_s": "",
+                "detail": "skipped: needs the finished trainer powersgd accordion run"}
+    start, deadline = time.perf_counter(), time.monotonic() + limit
+    codes = []
+    for extra in (["trainer.stop_after_epoch=0"], []):
+        status, tail, _ = run_limited(_hung(train_command(s, parts, *common, *extra), part),
+                                      deadline - time.monotonic())
+        codes.append(status)
+        if status != "ok":
+            return {"status": status, "wall_s": round(time.perf_counter() - start, 1),
+                    "detail": tail}
+    a = [{k: v for k, v in r.items() if k not in TIMING} for r in _metrics(whole)]
+    b = [{k: v for k, v in r.items() if k not in TIMING} for r in _metrics(parts)]
+    losses = [abs(x["train_loss"] - y["train_loss"]) for x, y in zip(a, b)]
+    return {"status": "ok" if a == b else "failed", "wall_s": round(time.perf_counter() - start, 1),
+            "detail": f"metrics equal: {a == b}; largest train_loss difference {max(losses):.3g}"}
 
 
-def _step_worker(s: dict, out: Path) -> None:
-    """In one process with a one-rank group: the hook under bf16, then the step times."""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
-    from torch.nn.parallel import DistributedDataParallel
-
-    from accordion_repro.comm.ddp_hook import AccordionHookState, accordion_hook
-    from accordion_repro.ddp import Accordion
-    from accordion_repro.engine.precision import autocast
-    from accordion_repro.models import build_model
-
-    device = torch.device(s["device"])
-    if device.type == "cuda":
-        torch.cuda.set_device(0)
-    store = tempfile.mktemp(prefix="gpu-check-store-")
-    dist.init_process_group(s["backend"], init_method=f"file://{store}", rank=0, world_size=1)
-    x = torch.randn(s["batch"], 3, 32, 32, device=device)
-    y = torch.randint(0, 10, (s["batch"],), device=device)
-    results = {}
-
-    def ddp_model(channels_last=False):
-        torch.manual_seed(0)
-        model = build_model("resnet18", num_classes=10, width=s["width"]).to(device)
-        if channels_last:
-            model = model.to(memory_format=torch.channels_last)
-        return model, DistributedDataParallel(model, device_ids=[0] if device.type == "cuda" else None)
-
-    # the DDP hook, asynchronous, under bf16
-    model, ddp = ddp_model()
-    acc = Accordion(ddp, "powersgd", low=2, high=1, interval=1, async_op=True)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    losses = []
-    for _ in range(s["hook_steps"]):
-        optimizer.zero_grad()
-        with autocast(device, "bf16"):
-            loss = torch.nn.functional.cross_entropy(ddp(x), y)
-        loss.backward()
-        optimizer.step()
-        losses.append(float(loss))
-    acc.end_epoch(0, 0.01, 0.01)
-    results["hook"] = {"losses": losses, "floats": acc.pop_stats().floats_sent,
-                       "dtype": str(next(model.parameters()).grad.dtype)}
-    del acc, ddp
-
-    def configuration(name: str, precision: str, channels_last: bool):
-        model, ddp = ddp_model(channels_last)
-        if name.startswith("ours"):
-            _, compressor, level = name.split()
-            options = {"rank": int(level[1:])} if compressor == "powersgd" else {"ratio": float(level)}
-            ddp.register_comm_hook(AccordionHookState(model, compressor, **options), accordion_hook)
-        elif name.startswith("torch"):
-            state = torch_psgd.PowerSGDState(process_group=None, start_powerSGD_iter=2,
-                                             matrix_approximation_rank=int(name[-1]),
-                                             min_compression_rate=1)
-            ddp.register_comm_hook(state, torch_psgd.powerSGD_hook)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        layout = torch.channels_last if channels_last else torch.contiguous_format
-
-        def step(_):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            optimizer.zero_grad()
-            with autocast(device, precision):
-                loss = torch.nn.functional.cross_entropy(ddp(x.contiguous(memory_format=layout)), y)
-            loss.backward()
-            optimizer.step()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            return time.perf_counter() - start
-        return step, None
-
-    configs = {f"{layout} | {name}": configuration(name, *LAYOUTS[layout])
-               for layout in LAYOUTS for name in STEP_CONFIGS}
-    samples, seconds = interleave(configs, s["warmup"], s["steps"])
-    results["steps"] = {name: statistics.median(v) for name, v in samples.items()}
-    results["step_loop_s"] = seconds
-    results["device_name"] = (torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu")
-    dist.destroy_process_group()
-    out.write_text(json.dumps(results))
+def worker_part(part: str, s: dict, work: Path, limit: float) -> tuple[dict, dict | None]:
+    """Run one of scripts/gpu_parts.py's parts; (its row, its result or None)."""
+    result = work / (part.replace(" ", "_") + ".json")
+    status, tail, wall = run_limited([sys.executable, str(PARTS_SCRIPT), part, json.dumps(s),
+                                      str(result)], limit)
+    data = json.loads(result.read_text()) if status == "ok" and result.exists() else None
+    if status == "ok" and data is None:
+        status, tail = "failed", "the part wrote no result"
+    row = {"status": status, "wall_s": round(wall, 1), "detail": "" if status == "ok" else tail}
+    if data and data.get("skipped"):
+        row.update(status="skipped", detail=f"skipped: {data['skipped']}")
+    return row, data
 
 
-def write_results(out_dir: Path, s: dict, checks: list[dict], steps: dict) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with (out_dir / "checks.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["check", "ok", "wall_s", "detail"])
-        writer.writeheader()
-        writer.writerows(checks)
-    rows = []
-    for key, seconds in steps["steps"].items():
-        layout, name = key.split(" | ")
-        base = steps["steps"][f"{layout} | dense"]
-        rows.append({"layout": layout, "config": name, "median_ms": round(1e3 * seconds, 3),
-                     "images_per_s": round(s["batch"] / seconds, 1),
-                     "dense_over_this": round(base / seconds, 3)})
-    with (out_dir / "steps.csv").open("w", newline="") as f:
+def _gpu_slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    if not rows:
+        return
+    with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    lines = [f"# GPU check, {datetime.date.today().isoformat()}",
-             "", f"Device: {steps['device_name']}; ResNet-18 width {s['width']:g}, batch "
-             f"{s['batch']} per rank, one rank (`{s['backend']}`); `python scripts/gpu_check.py"
-             + (" --tiny`" if s["device"] == "cpu" else "`") + ".", "",
-             "| check | ok | wall s | detail |", "| --- | --- | ---: | --- |"]
-    lines += [f"| {c['check']} | {'yes' if c['ok'] else 'NO'} | {c['wall_s']} | {c['detail']} |"
+
+
+def write_results(out_dir: Path, s: dict, device_name: str, checks: list[dict],
+                  results: dict, command: str) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_csv(out_dir / "checks.csv", checks)
+    lines = [f"# GPU check, {datetime.date.today().isoformat()}", "",
+             f"Device: {device_name}; ResNet-18 width {s['width']:g} (all CIFAR models in "
+             f"`models`), batch {s['batch']} per rank; `{command}`.", "",
+             "| part | check | status | wall s | detail |", "| --- | --- | --- | ---: | --- |"]
+    lines += [f"| {c['part']} | {c['check']} | {c['status']} | {c['wall_s']} | {c['detail']} |"
               for c in checks]
-    hook_losses = ", ".join(f"{v:.3f}" for v in steps["hook"]["losses"])
-    lines += ["", f"DDP hook (async) under bf16: losses {hook_losses}; "
-              f"gradients {steps['hook']['dtype']}.", "",
-              f"Step times (median of {s['steps']} interleaved rounds after {s['warmup']} warm-up):",
-              "", "| layout | config | median ms | images/s | dense / this |",
-              "| --- | --- | ---: | ---: | ---: |"]
-    lines += [f"| {r['layout']} | {r['config']} | {r['median_ms']} | {r['images_per_s']} | "
-              f"{r['dense_over_this']} |" for r in rows]
+    steps = results.get("hook and step times")
+    if steps:
+        rows = []
+        for key, seconds in steps["steps"].items():
+            layout, name = key.split(" | ")
+            base = steps["steps"][f"{layout} | dense"]
+            rows.append({"layout": layout, "config": name, "median_ms": round(1e3 * seconds, 3),
+                         "images_per_s": round(s["batch"] / seconds, 1),
+                         "dense_over_this": round(base / seconds, 3)})
+        _write_csv(out_dir / "steps.csv", rows)
+        hook_losses = ", ".join(f"{v:.3f}" for v in steps["hook"]["losses"])
+        lines += ["", f"DDP hook (async) under bf16: losses {hook_losses}; "
+                  f"gradients {steps['hook']['dtype']}.", "",
+                  f"DDP step times, one rank (median of {s['steps']} interleaved rounds after "
+                  f"{s['warmup']} warm-up; ours against torch's powerSGD_hook):", "",
+                  "| layout | config | median ms | images/s | dense / this |",
+                  "| --- | --- | ---: | ---: | ---: |"]
+        lines += [f"| {r['layout']} | {r['config']} | {r['median_ms']} | {r['images_per_s']} | "
+                  f"{r['dense_over_this']} |" for r in rows]
+    for part, title, columns in (
+            ("models", "Training step per CIFAR model (no communication)",
+             ["model", "layout", "median_ms", "images_per_s"]),
+            ("pipeline", "Input pipelines alone", ["pipeline", "median_s", "images_per_s"])):
+        data = results.get(part)
+        if data and data.get("rows"):
+            _write_csv(out_dir / f"{part}.csv", data["rows"])
+            lines += ["", f"{title}:", "", "| " + " | ".join(columns) + " |",
+                      "|" + " --- |" * len(columns)]
+            lines += ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in data["rows"]]
     (out_dir / "summary.md").write_text("\n".join(lines) + "\n")
+
+
+def _no_gpu_line() -> tuple[str, int] | None:
+    """(one line, exit code) when there is nothing to check here, else None."""
+    try:
+        import torch
+    except ImportError:
+        return (f"gpu-check: torch is not importable by {sys.executable}; run it with the "
+                "interpreter of your torch environment (make gpu-check PYTHON=...)", 2)
+    if not torch.cuda.is_available():
+        return "gpu-check: no CUDA GPU found (torch.cuda.is_available() is False); nothing run", 0
+    return None
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiny", action="store_true", help="the same checks, small, on the CPU")
+    parser.add_argument("--tiny", action="store_true", help="the same parts, small, on the CPU")
     parser.add_argument("--out", type=Path, default=None,
-                        help="default results/gpu/<date> (results/gpu/tiny-<date> with --tiny)")
-    parser.add_argument("--step-worker", type=Path, help=argparse.SUPPRESS)
+                        help="default results/gpu/<date>-<gpu> (results/gpu/tiny-<date> with --tiny)")
+    parser.add_argument("--only", nargs="+", choices=PARTS, metavar="PART",
+                        help=f"run these parts only ({'; '.join(PARTS)})")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="the whole check's limit (default 450 s; --tiny, on a CPU: 1500 s)")
     args = parser.parse_args(argv)
+    if not args.tiny and (nothing := _no_gpu_line()):
+        print(nothing[0])
+        return nothing[1]
+    import torch
+
     s = sizes(args.tiny)
-    if args.step_worker:
-        _step_worker(s, args.step_worker)
-        return 0
-    if not args.tiny:
-        import torch
-        if not torch.cuda.is_available():
-            print("gpu-check: no CUDA GPU found (torch.cuda.is_available() is False); nothing run")
-            return 0
+    device_name = torch.cuda.get_device_name(0) if not args.tiny else "cpu (--tiny, gloo)"
     today = datetime.date.today().isoformat()
-    out_dir = args.out or REPO / "results" / "gpu" / (f"tiny-{today}" if args.tiny else today)
+    out_dir = args.out or REPO / "results" / "gpu" / (
+        f"tiny-{today}" if args.tiny else f"{today}-{_gpu_slug(device_name)}")
+    args.budget_s = args.budget_s or (1500.0 if args.tiny else 450.0)
+    budget = Budget(args.budget_s)
     start = time.perf_counter()
+    checks, results, unfinished = [], {}, []
+    no_trainer = _trainer_missing()
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as work:
         work = Path(work)
-        checks = trainer_checks(s, work)
-        result = work / "steps.json"
-        rc, tail, wall = _run([sys.executable, str(Path(__file__).resolve()), "--step-worker",
-                               str(result)] + (["--tiny"] if args.tiny else []))
-        checks.append({"check": "DDP hook under bf16 and step times", "ok": rc == 0,
-                       "wall_s": round(wall, 1), "detail": "" if rc == 0 else tail})
-        if rc != 0:
-            print(f"gpu-check: the step-time worker failed: {tail}", file=sys.stderr)
-            return 1
-        write_results(out_dir, s, checks, json.loads(result.read_text()))
-    failed = [c["check"] for c in checks if not c["ok"]]
-    print(f"gpu-check: {len(checks) - len(failed)} of {len(checks)} checks passed in "
+        for part in args.only or PARTS:
+            limit = budget.limit(part)
+            if limit < 5:
+                row = {"status": "not started", "wall_s": "",
+                       "detail": f"the {args.budget_s:.0f} s budget ran out"}
+                data = None
+            elif part in TRAINER_PARTS and no_trainer:
+                row, data = {"status": "skipped", "wall_s": "", "detail": no_trainer}, None
+            elif part in TRAINER_PARTS:
+                row, data = trainer_part(part, s, work, limit), None
+            else:
+                row, data = worker_part(part, s, work, limit)
+            if row["status"] in ("timeout", "not started"):
+                unfinished.append(part)
+                if row["status"] == "timeout":
+                    row["detail"] = f"stopped after {limit:.0f} s: {row['detail']}".rstrip(": ")
+                print(f"gpu-check: DID NOT FINISH: {part} ({row['detail']})", flush=True)
+            if data is not None:
+                results[part] = data
+            sub_rows = (data or {}).get("rows") if part == "multi-gpu equality" else None
+            if sub_rows:
+                checks += [{"part": part, "check": r["check"],
+                            "status": "ok" if r["ok"] else "failed", "wall_s": row["wall_s"],
+                            "detail": r["detail"]} for r in sub_rows]
+            else:
+                checks.append({"part": part, "check": part, **row})
+        command = "python scripts/gpu_check.py" + (" --tiny" if args.tiny else "")
+        write_results(out_dir, s, device_name, checks, results, command)
+    failed = [c for c in checks if c["status"] in ("failed", "timeout", "not started")]
+    passed = sum(c["status"] == "ok" for c in checks)
+    skipped = [c for c in checks if c["status"] == "skipped"]
+    print(f"gpu-check: {passed} of {len(checks)} checks passed, {len(skipped)} skipped, in "
           f"{time.perf_counter() - start:.0f} s; results in {out_dir}")
-    for name in failed:
-        print(f"gpu-check: FAILED {name}", file=sys.stderr)
+    for c in skipped:
+        print(f"gpu-check: skipped {c['check']}: {c['detail'].removeprefix('skipped: ')}")
+    for c in failed:
+        print(f"gpu-check: FAILED {c['check']} ({c['status']}): {c['detail']}", file=sys.stderr)
     return 1 if failed else 0
 
 

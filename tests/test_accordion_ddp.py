@@ -101,6 +101,21 @@ def _trainer_path_worker(rank, example_file):
             "averaged": averaged_reports}
 
 
+def _torchrun(example_file, **env) -> str:
+    """Run the example on 2 ranks in its own folder; its stdout."""
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+         "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(example_file)],
+        cwd=example_file.parent, env=dict(os.environ, OMP_NUM_THREADS="1", **env),
+        capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    return run.stdout
+
+
+def _logged(folder) -> list[dict]:
+    return [json.loads(line) for line in (folder / "accordion_log.jsonl").read_text().splitlines()]
+
+
 @pytest.mark.slow
 @distributed
 def test_readme_example_runs_under_torchrun_and_its_detector_sees_local_gradients(tmp_path,
@@ -109,15 +124,8 @@ def test_readme_example_runs_under_torchrun_and_its_detector_sees_local_gradient
     assert f"Accordion(model, {EXAMPLE_SETTINGS})" in code
     example_file = tmp_path / "accordion_example.py"
     example_file.write_text(code)
-    env = dict(os.environ, EPOCHS="4", STEPS="4", OMP_NUM_THREADS="1")
-    run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-         "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(example_file)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
-    assert "epoch 3:" in run.stdout
-    log = (tmp_path / "accordion_log.jsonl").read_text()
-    logged = [json.loads(line) for line in log.splitlines()]
+    assert "epoch 3:" in _torchrun(example_file, EPOCHS="4", STEPS="4")
+    logged = _logged(tmp_path)
     assert [r["epoch"] for r in logged] == [0, 1, 2, 3]
 
     monkeypatch.setenv("EPOCHS", "4")  # the spawned reference reads the same sizes
@@ -135,9 +143,29 @@ def test_readme_example_runs_under_torchrun_and_its_detector_sees_local_gradient
         levels_seen.add(tuple(got["critical"]))
     assert len(levels_seen) > 1  # the run switched levels at least once
 
-    saved = torch.load(tmp_path / "checkpoint_rank0.pt")
+    saved = torch.load(tmp_path / "accordion_checkpoints" / "rank0.pt")
     for got, want in zip(saved["model"].values(), direct["params"]):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@distributed
+def test_the_readme_example_resumes_only_when_asked_and_saves_on_every_rank(tmp_path):
+    """A rerun with more epochs starts afresh (it used to continue the old checkpoint_rank*.pt
+    in the working directory); RESUME=1 continues from every rank's own file."""
+    code = readme_example()
+    assert 'the usual "save on rank 0" leaves ranks 1.. nothing to resume' in code
+    example_file = tmp_path / "accordion_example.py"
+    example_file.write_text(code)
+    _torchrun(example_file, EPOCHS="2", STEPS="2")
+    again = _torchrun(example_file, EPOCHS="3", STEPS="2")
+    assert "epoch 0:" in again and [r["epoch"] for r in _logged(tmp_path)] == [0, 1, 2]
+    assert not list(tmp_path.glob("*.pt"))  # nothing in the working directory
+    saved = sorted(p.name for p in (tmp_path / "accordion_checkpoints").iterdir())
+    assert saved == ["rank0.pt", "rank1.pt"]
+    resumed = _torchrun(example_file, EPOCHS="4", STEPS="2", RESUME="1")
+    assert "epoch 0:" not in resumed and "epoch 3:" in resumed
+    assert [r["epoch"] for r in _logged(tmp_path)] == [0, 1, 2, 3]
 
 
 # ---- Accordion = the trainer's reducer path --------------------------------------------------
@@ -394,16 +422,23 @@ def test_precisions_the_reducers_cannot_use_are_refused_with_the_reason():
 
 
 # ---- checkpoints ------------------------------------------------------------------------------
+# (compressor, bucket_cap_mb, error_feedback): None is DDP's default cap (SmallNet fits one
+# bucket); 0.01 MB gives several buckets, which DDP regroups after its first step, so the first
+# step after a restart packs other layers together than the step it replaces.
+RESUME_CASES = (("powersgd", None, True), ("topk", None, True), ("powersgd", 0.01, True),
+                ("powersgd", 0.01, False), ("topk", 0.01, True))
+
+
 def _resume_worker(rank):
     from accordion_repro.ddp import Accordion
 
-    def build(name):
+    def build(name, cap, error_feedback):
         torch.manual_seed(0)
         model = SmallNet()
-        # One bucket: a fresh DDP regroups its buckets after its first step (docs/compressors.md)
-        ddp = DistributedDataParallel(model)
+        ddp = DistributedDataParallel(model, bucket_cap_mb=cap)
         low, high = (2, 1) if name == "powersgd" else (0.5, 0.05)
-        acc = Accordion(ddp, name, low=low, high=high, eta=10.0, interval=1)
+        acc = Accordion(ddp, name, low=low, high=high, eta=10.0, interval=1,
+                        error_feedback=error_feedback)
         return model, ddp, acc, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
     def train(ddp, optimizer, acc, epochs, seed):
@@ -414,8 +449,8 @@ def _resume_worker(rank):
             acc.end_epoch(epoch, 0.1, 0.1)
 
     results = {}
-    for name in ("powersgd", "topk"):
-        model, ddp, acc, optimizer = build(name)
+    for case in RESUME_CASES:
+        model, ddp, acc, optimizer = build(*case)
         train(ddp, optimizer, acc, range(2), seed=rank)
         buffer = io.BytesIO()
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -423,24 +458,28 @@ def _resume_worker(rank):
         train(ddp, optimizer, acc, range(2, 4), seed=100 + rank)
         straight = [p.detach().clone() for p in model.parameters()], acc.levels
 
-        model, ddp, acc, optimizer = build(name)
+        model, ddp, acc, optimizer = build(*case)
         buffer.seek(0)
         saved = torch.load(buffer)  # weights_only: the state is plain tensors and containers
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         acc.load_state_dict(saved["accordion"])
         train(ddp, optimizer, acc, range(2, 4), seed=100 + rank)
-        results[name] = straight, ([p.detach().clone() for p in model.parameters()], acc.levels)
+        results[case] = straight, ([p.detach().clone() for p in model.parameters()], acc.levels)
     return results
 
 
 @pytest.mark.slow
 @distributed
 def test_a_saved_accordion_state_resumes_bit_for_bit(tmp_path):
-    for result in run_workers(_resume_worker, tmp_path, timeout=120):
-        for name, ((straight, levels), (resumed, resumed_levels)) in result.items():
-            assert levels == resumed_levels, name
-            assert all(torch.equal(a, b) for a, b in zip(straight, resumed)), name
+    """One bucket or several (DDP regroups them after the first step), with error memory or
+    without: the resumed run computes every parameter bit for bit as the uninterrupted one."""
+    for result in run_workers(_resume_worker, tmp_path, timeout=150):
+        assert sorted(result, key=str) == sorted(RESUME_CASES, key=str)
+        for case, ((straight, levels), (resumed, resumed_levels)) in result.items():
+            assert levels == resumed_levels, case
+            differ = [float((a - b).abs().max()) for a, b in zip(straight, resumed)]
+            assert max(differ) == 0, (case, differ)
 
 
 # ---- one process: errors the user can act on ----------------------------------------------------
@@ -579,3 +618,113 @@ def test_topk_above_break_even_warns_once_and_end_epoch_on_one_rank_stops_both(t
                                "training; call end_epoch on every rank at the end of every epoch")
     assert r1["end_epoch"].startswith("another rank called Accordion.end_epoch(0) while rank 1 "
                                       "went on training")
+
+
+# ---- issue 37: arguments refused at construction; continuous LR schedules --------------------
+def _construction_worker(rank):
+    from accordion_repro.ddp import Accordion
+
+    def error(**kwargs):
+        torch.manual_seed(0)
+        try:
+            Accordion(DistributedDataParallel(SmallNet()), **kwargs)
+        except Exception as exc:  # noqa: BLE001 (the test looks at what the user would see)
+            return f"{type(exc).__name__}: {exc}"
+        return "no error"
+
+    return {"async_op": error(low=2, high=1, async_op="no"),
+            "PowerSGD": error(compressor="PowerSGD", low=2, high=1),
+            "none": error(compressor="none", low=2, high=1),
+            # rank 1 passes another high (and another seed): caught before any step
+            "high": error(low=2, high=1 + rank),
+            "seed": error(low=2, high=1, seed=rank),
+            "same": error(low=2, high=1, eta=0.5 if rank else 0.5000)}
+
+
+@pytest.mark.slow
+@distributed
+def test_mistyped_arguments_and_ranks_that_disagree_are_refused_at_construction(tmp_path):
+    for rank, out in enumerate(run_workers(_construction_worker, tmp_path, timeout=120)):
+        assert out["async_op"] == "ConfigError: async_op: must be true or false, got 'no'"
+        assert out["PowerSGD"] == ("ConfigError: compressor: unknown compressor 'PowerSGD': "
+                                   "Accordion takes 'acp_powersgd', 'powersgd' or 'topk' "
+                                   "(PowerSGD ranks or Top-K kept fractions); did you mean "
+                                   "'powersgd'?")
+        assert out["none"] == ("ConfigError: compressor: 'none' has no compression level to "
+                               "adapt; Accordion takes 'acp_powersgd', 'powersgd' or "
+                               "'topk'")
+        assert out["high"] == (f"ConfigError: high: the ranks passed Accordion different values; "
+                               f"rank {rank} passed {1 + rank}: every rank must pass the same "
+                               "arguments")
+        assert out["seed"].startswith("ConfigError: seed: the ranks passed Accordion different")
+        assert out["same"] == "no error"
+
+
+def _cosine_run(rule):
+    """SmallNet on one rank under a cosine schedule (6 epochs of 2 steps); eta=10 sends every
+    layer to high at each check after the first, unless the LR rule holds it at low."""
+    import warnings
+
+    from accordion_repro.ddp import Accordion, AccordionWarning, lr_now_and_next
+
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(SmallNet())
+    acc = Accordion(ddp, "powersgd", low=2, high=1, eta=10.0, interval=1, lr_decay_rule=rule)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=6)
+    gen = torch.Generator().manual_seed(0)
+    levels, fired = [], []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for epoch in range(6):
+            for _ in range(2):
+                _step(ddp, optimizer, *_batch(gen))
+            levels.append(acc.end_epoch(epoch, *lr_now_and_next(scheduler)).levels)
+            fired.append(acc.report["lr_rule_fired"])
+            scheduler.step()
+    return levels, fired, [str(w.message) for w in caught if w.category is AccordionWarning]
+
+
+def test_a_continuous_lr_schedule_warns_or_counts_only_real_drops(one_rank_group):
+    levels, fired, warned = _cosine_run(True)  # the paper's rule: every drop is a decay
+    assert fired == [True] * 6 and all(lv == [2, 2, 2] for lv in levels)
+    [warning] = warned  # once, at the second drop in a row
+    assert warning.startswith("Accordion: the LR dropped at the end of epochs 0 and 1")
+    assert "never compresses at high; pass lr_decay_rule=0.5" in warning
+    levels, fired, warned = _cosine_run(0.4)  # drops of 40 % or more: the cosine's last epochs
+    assert fired == [False, False, False, True, True, True] and warned == []
+    assert levels[1] == levels[2] == [1, 1, 1]  # high compression between the decays
+
+
+def test_lr_now_and_next_reads_a_torch_scheduler_without_moving_it():
+    from accordion_repro.ddp import lr_now_and_next
+
+    def schedulers():
+        def optimizer():
+            return torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1, momentum=0.9)
+        step = optimizer()
+        yield torch.optim.lr_scheduler.MultiStepLR(step, milestones=[2, 4], gamma=0.1)
+        yield torch.optim.lr_scheduler.CosineAnnealingLR(optimizer(), T_max=5)
+        warm = optimizer()
+        yield torch.optim.lr_scheduler.SequentialLR(
+            warm, [torch.optim.lr_scheduler.LinearLR(warm, start_factor=0.1, total_iters=2),
+                   torch.optim.lr_scheduler.ExponentialLR(warm, gamma=0.5)], milestones=[2])
+        yield torch.optim.lr_scheduler.OneCycleLR(optimizer(), max_lr=1.0, total_steps=8)
+
+    for queried, plain in zip(schedulers(), schedulers()):
+        for _ in range(6):
+            queried.optimizer.step()
+            plain.optimizer.step()
+            before = plain.optimizer.param_groups[0]["lr"]
+            momentum = plain.optimizer.param_groups[0]["momentum"]
+            got = lr_now_and_next(queried)
+            plain.step()
+            assert got == (before, plain.optimizer.param_groups[0]["lr"]), type(plain).__name__
+            queried.step()  # the query moved nothing: the two stay in step
+            assert queried.optimizer.param_groups[0]["lr"] == plain.optimizer.param_groups[0]["lr"]
+            assert queried.optimizer.param_groups[0]["momentum"] == \
+                plain.optimizer.param_groups[0]["momentum"], momentum
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(
+        torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1))
+    with pytest.raises(TypeError, match="ReduceLROnPlateau decides its next LR from a metric"):
+        lr_now_and_next(plateau)

@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 
 import matplotlib.ticker
+import numpy as np
 import pytest
 import yaml
 
@@ -268,7 +269,8 @@ def test_missing_tables_list_presets_and_commands(tmp_path):
         written = build_all(tmp_path / "no_runs_here", tmp_path / "out")
     assert any(issubclass(w.category, MissingFigureWarning) and "fig9/vgg19bn_rank4" in
                str(w.message) for w in caught)
-    assert set(written) == {f"table{i}" for i in range(1, 7)} | {"fig2_paired", "successors"}
+    assert set(written) == ({f"table{i}" for i in range(1, 7)}
+                            | {"fig2_paired", "table1_paired", "table3_paired", "successors"})
     markdown = (tmp_path / "out/tables/table4.md").read_text()
     assert markdown.splitlines()[0].startswith("Table 4") and "no runs yet" in markdown
     for cell in TABLES["table4"].cells:
@@ -314,8 +316,9 @@ def test_rebuilt_tables_are_byte_identical_and_leave_no_temporary_files(tmp_path
     quiet_build(tmp_path / "runs", tmp_path / "out")
     assert {path: path.read_bytes() for path in paths} == first
     produced = sorted(p for p in (tmp_path / "out").rglob("*") if p.is_file())
-    # 6 tables x 3 formats, fig2_paired's and successors' md and csv, no .tmp leftovers
-    assert produced == paths and len(paths) == 22
+    # 6 tables x 3 formats and the md and csv of fig2_paired, table1_paired, table3_paired and
+    # successors, no .tmp leftovers
+    assert produced == paths and len(paths) == 26
 
 
 def _spans(axes) -> list[tuple[float, float]]:
@@ -429,13 +432,17 @@ def test_figure2_paired_table_states_each_seeds_finals_and_the_same_seed_differe
     # floats per run: 0.5M + 1M (the helper logs floats x (epoch + 1))
     assert "| Rank 1 only inside critical regimes | 84.40 | 84.60 | 84.50 ± 0.14 | 1.5 |" in text
     assert "| Rank 2 | 85.10 | – | 85.10 | 1.5 |" in text
+    # two differences, +0.8 and +0.7: std 0.0707, t = 0.75 / 0.05 = 15 with one degree of
+    # freedom, p = 1 - 2 atan(15) / pi = 0.0424, 95 % CI 0.75 -+ 12.706 x 0.05
     assert ("| Rank 1 only outside critical regimes − Rank 1 only inside critical regimes "
-            "| +0.80 | +0.70 | +0.75 ± 0.07 |") in text
+            "| +0.80 | +0.70 | +0.75 ± 0.07 | [+0.11, +1.39] | 0.042 | 2 of 2 |") in text
     assert "Accordion" not in text and "Rank 2 − " not in text  # no runs, no row
     rows = list(csv.DictReader(io.StringIO(csv_path.read_text())))
     assert [(r["kind"], r["seed"], round(float(r["value"]), 2)) for r in rows
             if r["name"].startswith("Rank 1 only outside critical regimes −")] == [
-        ("difference", "42", 0.8), ("difference", "43", 0.7)]
+        ("difference", "42", 0.8), ("difference", "43", 0.7), ("mean", "", 0.75),
+        ("std", "", 0.07), ("ci95_low", "", 0.11), ("ci95_high", "", 1.39),
+        ("p_paired_t", "", 0.04), ("positive", "", 2), ("n", "", 2)]
     write_run(tmp_path / "runs", "fig2/high_inside/rank4_seed42", table=None, figure="fig2",
               method="high_inside", seed=42, scale="cpu_long", accs=(30.0, 80.0))
     with pytest.raises(ValueError, match="more than one run per method and seed: .*rank4_seed42"):
@@ -443,6 +450,35 @@ def test_figure2_paired_table_states_each_seeds_finals_and_the_same_seed_differe
     empty = write_paired_table(FIGURES["fig2"], frame.iloc[0:0], tmp_path / "none")[0]
     assert "No runs yet" in empty.read_text()
     assert run_command("fig2/resnet18_high_inside", "paper") in empty.read_text()
+
+
+def test_table_paired_compares_each_models_cells_seed_by_seed_in_the_sections_metric(tmp_path):
+    from accordion_repro.analysis.build import _table_epochs
+    from accordion_repro.analysis.paired import write_table_paired
+
+    finals = {("static_low", 0.99, 42): 84.0, ("static_low", 0.99, 43): 85.0,
+              ("accordion", 0.1, 42): 84.5, ("accordion", 0.1, 43): 84.5}
+    for (method, level, seed), final in finals.items():
+        write_run(tmp_path / "runs", f"t3/{method}/seed{seed}", table="table3", method=method,
+                  seed=seed, scale="cpu_long", compressor="topk", rank=level, accs=(30.0, final))
+    for method, ppl in (("static_low", 150.0), ("accordion", 140.0)):
+        write_run(tmp_path / "runs", f"t3/lstm_{method}", table="table3", model="lstm",
+                  method=method, seed=42, scale="cpu", compressor="topk", metric="val_ppl",
+                  accs=(200.0, ppl), dataset="synthetic_text")
+    write_run(tmp_path / "runs", "t3/googlenet", table="table3", model="googlenet",
+              method="static_low", seed=42, scale="cpu_long", compressor="topk", accs=(1.0, 2.0))
+    frame = collect_runs(tmp_path / "runs").frame
+    md, csv_path = write_table_paired(TABLES["table3"], _table_epochs(frame, "table3"), tmp_path)
+    text = md.read_text()
+    assert "## scale cpu_long: resnet18, CIFAR-10, Top-K, final test accuracy (%)" in text
+    # +0.5 and -0.5: mean 0, std 0.71, p = 1, one positive of two
+    assert ("| Accordion 99%<->10% − K 99% | +0.50 | -0.50 | +0.00 ± 0.71 | [-6.35, +6.35] "
+            "| 1.000 | 1 of 2 |") in text
+    assert "## scale cpu: lstm, WikiText-2, Top-K, final validation perplexity" in text
+    assert "| Accordion 99%<->2% − K 99% | -10.00 | -10.00 | – | – | 0 of 1 |" in text
+    assert "googlenet" not in text  # one cell of a model compares nothing
+    rows = list(csv.DictReader(io.StringIO(csv_path.read_text())))
+    assert {r["scale"] for r in rows} == {"cpu_long/resnet18", "cpu/lstm"}
 
 
 def test_norm_trace_shades_epoch_zero_marks_lr_decays_and_explains_itself(tmp_path):
@@ -634,6 +670,97 @@ def test_a_figure_over_several_scales_is_drawn_once_per_scale(tmp_path):
     parts = dict(_by_scale(frame, "fig2"))
     assert set(parts["fig2"]["scale.name"]) == {"cpu_full"}
     assert set(parts["fig2_cpu"]["scale.name"]) == {"cpu"}
+
+
+# Final accuracies of each scale's fixture runs lie in their own band; a marker or curve that
+# averaged runs of both scales would fall between the bands.
+SCALE_BANDS = {"cpu": (20.0, 45.0), "cpu_long": (70.0, 95.0)}
+TABLE1_METHODS = {"dense": {"compressor": "none"}, "static_low": {},
+                  "static_high": {"rank": 1}, "accordion": {"schedule": ACCORDION}}
+
+
+def _two_scale_runs(root: Path) -> None:
+    """Table 1's four ResNet-18 cells, Figure 2 (b)'s arms, a Figure 9 curve and Figure 10's
+    Accordion run at scales cpu and cpu_long, two seeds each (Figures 2 and 10 draw Table 1's
+    twins)."""
+    for scale, (low, _) in SCALE_BANDS.items():
+        for offset, seed in enumerate((42, 43)):
+            for index, (method, extra) in enumerate(TABLE1_METHODS.items()):
+                final = low + 5.0 + 3.0 * index + 2.0 * offset
+                write_run(root, f"{scale}/table1/{method}/seed{seed}", method=method, seed=seed,
+                          scale=scale, accs=(low + 1.0, final), critical=(3, 0),
+                          preset=f"table1/resnet18_powersgd_{method}", **extra)
+            for index, method in enumerate(("high_inside", "high_outside")):
+                write_run(root, f"{scale}/fig2/{method}/seed{seed}", table=None, figure="fig2",
+                          method=method, seed=seed, scale=scale, critical=(3, 0),
+                          accs=(low + 1.0, low + 6.0 + index + offset))
+            write_run(root, f"{scale}/fig9/rank4/seed{seed}", table=None, figure="fig9",
+                      model="vgg19bn", method="rank4", rank=4, seed=seed, scale=scale,
+                      accs=(low + 1.0, low + 8.0 + offset))
+            write_run(root, f"{scale}/fig10/accordion/seed{seed}", table=None, figure="fig10",
+                      method="accordion", compressor="none", seed=seed, scale=scale,
+                      accs=(low + 1.0, low + 9.0 + offset), global_batch=(512, 16384),
+                      schedule={"name": "batch_accordion", "low": 512, "high": 16384})
+
+
+def _drawn_values(axes) -> np.ndarray:
+    """Every y value drawn on an axes: lines and markers, error bars, bands, scatter points."""
+    from matplotlib.collections import PathCollection
+
+    values = [np.asarray(line.get_ydata(), dtype=float) for line in axes.lines]
+    for collection in axes.collections:
+        if isinstance(collection, PathCollection):      # scatter: the points are the offsets
+            values.append(np.asarray(collection.get_offsets(), dtype=float)[:, 1])
+        else:
+            values += [path.vertices[:, 1] for path in collection.get_paths()]
+    values = np.concatenate(values) if values else np.array([])
+    return values[np.isfinite(values)]
+
+
+def test_no_figure_marker_or_curve_mixes_scales(tmp_path, monkeypatch):
+    """The real build on runs of two scales: every value any figure draws on an accuracy axis
+    (curves, bands, trade-off markers and their error bars, panel (c)'s finals) lies in one
+    scale's band, that scale's band only, and the figure's title names that scale; the most
+    faithful scale keeps the unsuffixed name."""
+    from accordion_repro.analysis import figures
+
+    drawn = {}
+    write_figure = figures.write_figure
+
+    def capture(figure, out_dir, stem):
+        drawn[stem] = figure
+        return write_figure(figure, out_dir, stem)
+
+    monkeypatch.setattr(figures, "write_figure", capture)
+    _two_scale_runs(tmp_path / "runs")
+    quiet_build(tmp_path / "runs", tmp_path / "out", figures=True)
+    for stem, figure in sorted(drawn.items()):
+        values = np.concatenate([_drawn_values(axes) for axes in figure.axes
+                                 if "accuracy" in axes.get_ylabel().lower()])
+        assert values.size, stem
+        scales = {scale for value in values for scale, (low, high) in SCALE_BANDS.items()
+                  if low <= value <= high}
+        between = sorted({round(float(v), 2) for v in values
+                          if not any(low <= v <= high for low, high in SCALE_BANDS.values())})
+        assert not between and len(scales) == 1, (
+            f"{stem} mixes scales: values {between} between the scales' bands, bands of {scales}")
+        assert f"scale {scales.pop()};" in " ".join(figure.get_suptitle().split()), stem
+    assert set(drawn) == {"fig2", "fig2_cpu", "fig9", "fig9_cpu", "fig10", "fig10_cpu",
+                          "table1_tradeoff", "table1_tradeoff_cpu"}
+    assert "scale cpu_long;" in drawn["table1_tradeoff"].get_suptitle()
+
+    from accordion_repro.analysis.summarize import summarize_runs
+
+    frame = collect_runs(tmp_path / "runs").frame           # the builder refuses both scales
+    with pytest.raises(ValueError, match="table1 trade-off figure got runs of scales cpu, cpu_long"):
+        figures.tradeoff_figure(TABLES["table1"], summarize_runs(frame), frame)
+    # a curve's runs pass the same one-configuration check as a table cell's
+    write_run(tmp_path / "runs", "cpu/fig10/accordion/seed44", table=None, figure="fig10",
+              method="accordion", compressor="none", seed=44, accs=(21.0, 29.0),
+              schedule={"name": "batch_accordion", "low": 512, "high": 4096})
+    with pytest.raises(MixedCellError, match="fig10, resnet18 accordion at scale cpu: .*schedule.high"):
+        quiet_build(tmp_path / "runs", tmp_path / "out2", figures=True)
+    assert not (tmp_path / "out2").exists()
 
 
 def test_figure2_draws_table1_runs_of_the_same_config_where_it_has_none(tmp_path):

@@ -11,8 +11,7 @@ import pytest
 
 from accordion_repro.analysis.build import build_all
 from accordion_repro.analysis.collect import collect_runs
-from accordion_repro.analysis.comparison import (comparison_runs, t_interval, t_quantile_975,
-                                                 tradeoff_figure)
+from accordion_repro.analysis.comparison import comparison_runs, t_interval, tradeoff_figure
 from accordion_repro.analysis.layout import SUCCESSORS, run_command
 from accordion_repro.analysis.summarize import summarize_runs
 from test_analysis import write_run
@@ -42,16 +41,14 @@ def build(runs, out, figures=False):
         return build_all(runs, out, figures=figures)
 
 
-def test_t_quantiles_and_intervals():
-    assert t_quantile_975(2) == 4.3027 and t_quantile_975(30) == 2.0423
-    assert t_quantile_975(40) == pytest.approx(2.0211, abs=2e-4)
-    assert t_quantile_975(120) == pytest.approx(1.9799, abs=2e-4)
+def test_intervals_are_analysis_stats_t_intervals():
+    """One t implementation (analysis/stats.py, tests/test_stats.py checks its quantiles)."""
     mean, std, half = t_interval([85.0, 85.2, 84.8])
     assert (mean, std) == (pytest.approx(85.0), pytest.approx(0.2))
-    assert half == pytest.approx(4.3027 * 0.2 / 3 ** 0.5)
+    assert half == pytest.approx(4.3027 * 0.2 / 3 ** 0.5, rel=1e-4)
     assert t_interval([1.5]) == (1.5, None, None)
-    with pytest.raises(ValueError, match="degree of freedom"):
-        t_quantile_975(0)
+    with pytest.raises(ValueError, match="no differences"):
+        t_interval([])
 
 
 def test_successors_table_states_cis_floats_and_paired_differences_by_seed(tmp_path):

@@ -8,16 +8,19 @@ repr) with only the wall-clock fields taken out. The two cases cover PowerSGD un
 per-layer Accordion schedule and Top-K under the joint schedule (levels and global batch both
 switching, LR decays firing the detector's rule).
 
-Float results are bit-for-bit reproducible on one machine and torch build, not across CPU
-instruction sets. tests/golden/machine.json records where the files were made; on another
-machine a line whose bytes differ must still agree in every key, every integer and string, and
-every float to a relative 1e-5, and the test says which comparison it made.
+Float results are bit-for-bit reproducible on one instruction set and torch build, not across
+them: these tiny runs are chaotic enough that an AVX2 machine and an AVX512 one part by up to
+100 % in a float after one epoch, and in the detector's decisions by epoch 3, so no tolerance
+makes a comparison across machines mean anything. tests/golden/<cpu capability>/ therefore
+holds one set per instruction set, each made by the same code (AVX512: the files above; AVX2:
+made at fc29a11, whose training code is 4925838's as far as the AVX512 files could tell), with
+its machine.json. The test compares bit for bit against the set of this machine's capability
+and skips, saying why, on a capability or torch build that has none.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -47,35 +50,41 @@ def _without_times(line: str) -> str:
     return json.dumps(record)
 
 
-def _close(a, b) -> bool:
-    """Same structure, ints and strings; floats within a relative 1e-5."""
-    if isinstance(a, float) or isinstance(b, float):
-        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and \
-            math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-9)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and list(a) == list(b) and all(_close(a[k], b[k]) for k in a)
-    if isinstance(a, list):
-        return isinstance(b, list) and len(a) == len(b) and all(map(_close, a, b))
-    return a == b
-
-
 def this_machine() -> dict:
     return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def golden_dir() -> Path:
+    """This machine's golden files; a skip, saying why, where there are none."""
+    machine = this_machine()
+    folder = GOLDEN / machine["cpu_capability"]
+    if not (folder / "machine.json").is_file():
+        made = sorted(p.parent.name for p in GOLDEN.glob("*/machine.json"))
+        pytest.skip(f"no golden files for CPU capability {machine['cpu_capability']} (made for "
+                    f"{', '.join(made)}): floats differ across instruction sets")
+    recorded = json.loads((folder / "machine.json").read_text())
+    if recorded != machine:
+        pytest.skip(f"golden files for {recorded}, this machine is {machine}")
+    return folder
 
 
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_two_rank_metrics_are_unchanged_by_refactors(tmp_path, case):
+    folder = golden_dir()
     run_dir = train([*COMMON, *CASES[case]], tmp_path / case)
     got = [_without_times(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    want = (GOLDEN / f"metrics_{case}.jsonl").read_text().splitlines()
+    want = (folder / f"metrics_{case}.jsonl").read_text().splitlines()
     assert len(got) == len(want) == 6
-    if this_machine() == json.loads((GOLDEN / "machine.json").read_text()):
-        for epoch, (g, w) in enumerate(zip(got, want)):
-            assert g == w, f"epoch {epoch} differs from tests/golden/metrics_{case}.jsonl"
-    else:
-        for epoch, (g, w) in enumerate(zip(got, want)):
-            assert _close(json.loads(g), json.loads(w)), \
-                f"epoch {epoch} differs from tests/golden/metrics_{case}.jsonl (compared " \
-                f"within 1e-5: this machine {this_machine()} is not the golden files' machine)"
+    for epoch, (g, w) in enumerate(zip(got, want)):
+        assert g == w, f"epoch {epoch} differs from {folder.name}/metrics_{case}.jsonl"
+
+
+def test_every_golden_set_holds_both_cases_for_its_machine():
+    sets = sorted(GOLDEN.glob("*/machine.json"))
+    assert [p.parent.name for p in sets] == ["AVX2", "AVX512"]
+    for machine in sets:
+        assert json.loads(machine.read_text())["cpu_capability"] == machine.parent.name
+        for case in CASES:
+            assert len((machine.parent / f"metrics_{case}.jsonl").read_text().splitlines()) == 6

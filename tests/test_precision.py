@@ -68,3 +68,21 @@ def test_autocast_is_nothing_for_fp32_and_the_dtype_otherwise():
     assert precision.autocast(torch.device("cpu"), "fp32").__class__.__name__ == "nullcontext"
     with precision.autocast(torch.device("cpu"), "bf16"):
         assert torch.nn.Linear(4, 4)(torch.randn(2, 4)).dtype == torch.bfloat16
+
+
+def test_bf16_on_a_cpu_that_emulates_it_is_named_before_the_run(monkeypatch, capsys):
+    """An AVX2 CPU runs bf16 autocast about 8x slower than fp32 (docs/reproduce.md): validate
+    says so in one line before any rank starts; fp32, or a CPU with native bf16, says nothing."""
+    from accordion_repro.config import validate
+    from accordion_repro.engine import precision
+    from conftest import compose_cfg
+
+    for emulated, chosen, warned in ((True, "bf16", True), (True, "fp32", False),
+                                     (False, "bf16", False)):
+        monkeypatch.setattr(precision, "cpu_bf16_is_emulated", lambda: emulated)
+        validate(compose_cfg(["dataset=synthetic_cifar10", "trainer.device=cpu",
+                              f"trainer.precision={chosen}"]))
+        lines = [line for line in capsys.readouterr().err.splitlines() if "native bf16" in line]
+        assert len(lines) == (1 if warned else 0), (emulated, chosen)
+        if warned:
+            assert lines[0].startswith("warning: trainer.precision=bf16 on a CPU without native")

@@ -63,10 +63,22 @@ OFFICIAL_PARAMS = {
 WIKITEXT2_VOCAB = 33_278
 
 
+# Figure 2 (b)'s control arms take their epochs from a detect run's plan (schedule.windows:
+# plan:<arm> until an override gives them); here a plan's windows as fractions of the run.
+PLAN_ARMS = ("high_earliest", "high_random")
+PLAN_WINDOWS = "schedule.windows=[[0.1,0.2],[0.6,0.7]]"
+
+
+def with_plan(preset: str) -> list[str]:
+    return [PLAN_WINDOWS] if CELLS[preset].method in PLAN_ARMS else []
+
+
 @lru_cache(maxsize=None)
-def composed(preset: str, scale: str, *extra: str) -> dict:
-    """Composed and resolved once per test session (each composition costs ~0.1 s)."""
-    cfg = compose_cfg([f"experiment={preset}", f"scale={scale}", *extra])
+def composed(preset: str, scale: str, *extra: str, plan: bool = True) -> dict:
+    """Composed and resolved once per test session (each composition costs ~0.1 s); a control
+    arm with a plan's windows unless plan=False."""
+    cfg = compose_cfg([f"experiment={preset}", f"scale={scale}",
+                       *(with_plan(preset) if plan else []), *extra])
     return OmegaConf.to_container(cfg, resolve=True)
 
 
@@ -146,6 +158,10 @@ def test_preset_fills_its_cell(preset):
         assert (c["schedule"]["inside"], c["schedule"]["outside"]) == (cell.high, cell.low)
     elif cell.method == "high_outside":
         assert (c["schedule"]["inside"], c["schedule"]["outside"]) == (cell.low, cell.high)
+    elif cell.method in PLAN_ARMS:  # rank 1 in the plan's epochs, which the preset cannot know
+        assert (c["schedule"]["inside"], c["schedule"]["outside"]) == (cell.high, cell.low)
+        assert composed(preset, "paper", plan=False)["schedule"]["windows"] == \
+            "plan:" + cell.method.removeprefix("high_")
     else:  # accordion, accordion_4_1, accordion_4_2: the detector switches between the two
         assert c["schedule"]["name"] in ("accordion", "batch_accordion")
         assert c["schedule"].get("mode", "detector") == "detector"
@@ -363,10 +379,11 @@ def test_every_preset_trains_two_steps_at_cpu_scale(preset, tmp_path):
     The Figure 2 windows are fractions of the run and vanish in a 1-epoch run (a ConfigError),
     so those presets keep their 30 epochs and stop after the first (status "stopped")."""
     dataset = SYNTHETIC[CELLS[preset].dataset]
-    windows = CELLS[preset].method in ("high_inside", "high_outside")
+    windows = CELLS[preset].method in ("high_inside", "high_outside", *PLAN_ARMS)
     length = ["trainer.stop_after_epoch=0"] if windows else ["trainer.epochs=1"]
     run_dir = tmp_path / "run"
     train([f"experiment={preset}", "scale=cpu", f"dataset={dataset}", *TINY[dataset],
+           *with_plan(preset),
            "dataset.subset=null", "dist.nproc_per_node=1", *length,
            "trainer.max_steps_per_epoch=2", "trainer.max_eval_steps=1",
            "trainer.batch_size=2", "trainer.eval_batch_size=2", "trainer.checkpoint=false"],
@@ -376,9 +393,42 @@ def test_every_preset_trains_two_steps_at_cpu_scale(preset, tmp_path):
     assert summary["scale"] == "cpu" and [m["steps"] for m in metrics] == [2]
 
 
+@pytest.mark.parametrize("preset", [p for p in PRESETS if CELLS[p].method in PLAN_ARMS])
+def test_a_control_arm_without_its_plans_windows_is_refused_naming_the_plan_tool(preset, tmp_path):
+    from accordion_repro.errors import ConfigError
+
+    c = OmegaConf.create(composed(preset, "cpu", "dataset=synthetic_cifar10", plan=False))
+    c.paths.data_dir = str(tmp_path)
+    with pytest.raises(ConfigError, match=r"schedule.windows: this arm's epochs come from a "
+                                          r"reference run's plan .*analysis.regime_plan"):
+        validate(c)
+
+
 def test_a_long_override_list_still_makes_a_valid_directory_name():
     from accordion_repro.config import MAX_SUBDIR, _subdir
     long = ",".join(f"dataset.option_{i}={i}" for i in range(40))
     a, b = _subdir(long), _subdir(long + ",x=1")
     assert len(a.encode()) <= MAX_SUBDIR + 1 and a.endswith("/") and a != b
     assert _subdir("compressor.rank=4") == "compressor.rank=4/" and _subdir("") == ""
+
+
+SHARDED_PRESETS = [preset for preset in PRESETS if preset.split("/")[0] in ("table1", "table3")]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("preset", SHARDED_PRESETS)
+def test_table1_and_table3_presets_train_a_step_under_fsdp(preset, tmp_path):
+    """dist.strategy=fsdp (issue 40): each Table 1 and Table 3 preset at scale=cpu on its
+    synthetic stand-in, 2 ranks, one step: the preset's reducer runs inside FSDP's
+    reduce-scatter of every unit (the LSTM's local clipping in its one unit)."""
+    dataset = SYNTHETIC[CELLS[preset].dataset]
+    run_dir = tmp_path / "run"
+    train([f"experiment={preset}", "scale=cpu", f"dataset={dataset}", *TINY[dataset],
+           "dataset.subset=null", "dist.nproc_per_node=2", "dist.strategy=fsdp",
+           "trainer.epochs=1", "trainer.max_steps_per_epoch=1", "trainer.max_eval_steps=1",
+           "trainer.batch_size=2", "trainer.eval_batch_size=2", "trainer.checkpoint=false"],
+          run_dir)
+    metrics, summary = read_metrics(run_dir), read_summary(run_dir)
+    assert summary["status"] == "completed" and [m["steps"] for m in metrics] == [1]
+    assert metrics[0]["bytes_sent"] > 0 and summary["world_size"] == 2

@@ -38,8 +38,14 @@ def test_several_only_patterns_run_pattern_by_pattern_each_run_once():
     fig9 = [p for p in script.FULL_EXTRA if p.startswith("fig9/")]
     assert fig10 and fig9 and presets[:len(fig10) + len(fig9)] == fig10 + fig9
     assert len(presets) == len(set(presets)) == (len(script.FULL_CORE) + len(script.FULL_EXTRA)
-                                                 + len(script.VARIANTS))
+                                                 + len(script.ETA_SWEEP) + len(script.PRECISION_CHECK))
     assert script.run_order("cpu_full", [42], ["*"]) == script.run_order("cpu_full", [42], ["*", "*"])
+    # cpu_long: its core, the extra cells, Figure 2 (b)'s control arms with the ablation, then
+    # the successors, each group for every seed; the eta sweep and precision check are cpu_full's
+    long = [p for p, _ in script.run_order("cpu_long", [42, 43], ["*"])]
+    groups = (script.LONG_CORE, script.LONG_EXTRA, script.LONG_CONTROLS, script.LONG_SUCCESSORS)
+    assert long == [p for group in groups for _ in (42, 43) for p in group]
+    assert not set(long) & (set(script.ETA_SWEEP) | set(script.PRECISION_CHECK))
 
 
 def test_the_whole_cifar_study_runs_each_configuration_once():
@@ -96,6 +102,29 @@ def test_each_eta_sweep_run_is_table1_accordion_with_its_eta_and_in_no_table(tmp
     assert cfg.scale.name == "cpu_full" and f"eta {eta:g}" in cfg.run.label
 
 
+@pytest.mark.parametrize("name", sorted(_script().ABLATION))
+def test_each_detector_ablation_run_is_named_apart_and_changes_only_its_rule(tmp_path, name):
+    """Issue 36's ablation at scale=cpu_long: Accordion without the LR-decay rule, with eta
+    0.1, and the LR-decay rule alone; none lands in a table or figure."""
+    script = _script()
+    argv = script.command(name, 42, tmp_path / "data", tmp_path / "out", [], "cpu_long")
+    cfg = compose_cfg([a for a in argv[3:] if not a.startswith(("hydra.", "paths."))])
+    assert cfg.run.name == name and cfg.run.table is None and cfg.run.figure is None
+    assert cfg.scale.name == "cpu_long" and cfg.compressor.name == "powersgd"
+    if name.endswith("lr_rule_only"):
+        assert cfg.schedule.name == "regime_windows"
+        assert (cfg.schedule.inside, cfg.schedule.outside) == (2, 1)
+        # rank 2 where the first check and the LR-decay rule hold epochs critical at this
+        # scale's interval of one epoch: 0 (start), 1 (first check) and each decay's first epoch
+        decays = [e for e in range(1, 30) if e in (15, 25)]
+        assert cfg.schedule.windows == [[0, 2], *[[d, d + 1] for d in decays]]
+        assert cfg.schedule.windows == cfg.scale.fig2_windows
+    else:
+        assert cfg.schedule.name == "accordion" and (cfg.schedule.low, cfg.schedule.high) == (2, 1)
+        assert (cfg.schedule.eta, cfg.schedule.lr_decay_rule) == (
+            (0.5, False) if name.endswith("no_lr_rule") else (0.1, True))
+
+
 def _detect_run(run_dir: Path, critical_epochs: set[int], epochs: int = 30) -> None:
     """A finished rank-2 detect run as the trainer writes it, holding `critical_epochs` critical
     (the flags logged at the end of epoch e hold for e + 1; epoch 0 starts critical)."""
@@ -110,9 +139,11 @@ def _detect_run(run_dir: Path, critical_epochs: set[int], epochs: int = 30) -> N
             "detector": {"granularity": "layer+model", "critical": [flag] * 22}}))
     (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     (run_dir / "summary.json").write_text(json.dumps({"status": "completed"}))
+    (run_dir / "resolved.yaml").write_text("seed: 42\n")
 
 
-@pytest.mark.parametrize("arm", ["fig2/resnet18_high_inside", "fig2/resnet18_high_outside"])
+@pytest.mark.parametrize("arm", ["fig2/resnet18_high_inside", "fig2/resnet18_high_outside",
+                                 "fig2/resnet18_high_earliest", "fig2/resnet18_high_random"])
 def test_cpu_long_figure2b_arms_wait_for_and_follow_their_seeds_detect_run(tmp_path, arm):
     """At scale=cpu_long the rank-2 cell watches its critical regimes (schedule.detect=true);
     each Figure 2 (b) arm waits for it, then puts rank 1 into the epochs the plan gives and
@@ -127,9 +158,12 @@ def test_cpu_long_figure2b_arms_wait_for_and_follow_their_seeds_detect_run(tmp_p
     _detect_run(script.run_dir(runs, script.FIG2_REFERENCE, 42), {0, 1, 15, 25, 26})
     argv = script.command(arm, 42, tmp_path / "data", tmp_path / "out", [], "cpu_long", runs)
     cfg = compose_cfg([a for a in argv[3:] if not a.startswith(("hydra.", "paths."))])
-    inside = arm.endswith("inside")
-    assert cfg.schedule.windows == ([[0, 2], [15, 16], [25, 27]] if inside
-                                    else [[13, 15], [24, 25], [28, 30]])
+    expected = {"inside": [[0, 2], [15, 16], [25, 27]], "outside": [[13, 15], [24, 25], [28, 30]],
+                "earliest": [[2, 4], [16, 17], [27, 29]]}
+    plan = json.loads((runs / "fig2" / "plan_seed42.json").read_text())
+    name = arm.rsplit("_", 1)[1]
+    assert cfg.schedule.windows == expected.get(name, plan["random_windows"])
+    assert cfg.run.method == f"high_{name}" and cfg.run.figure == "fig2"
     assert (cfg.schedule.inside, cfg.schedule.outside, cfg.scale.name) == (1, 2, "cpu_long")
     plan = json.loads((runs / "fig2" / "plan_seed42.json").read_text())
     assert plan["reference"] == f"{script.FIG2_REFERENCE}/seed42"

@@ -79,3 +79,77 @@ def test_successor_objects_name_their_own_arguments(one_rank_group):
     with pytest.raises(Exception, match=r"levels\[1\]"):
         PhaseRule(DistributedDataParallel(SmallNet()), boundaries=[1], splits=[1000],
                   levels=[[2, 2], [1]])
+
+
+# ---- what AdaptiveCompression gives every subclass (main's issues 37, 38 and 40) ------------
+def test_successor_objects_check_the_compressor_and_flags_as_accordion_does(one_rank_group):
+    from accordion_repro.ddp import LGreCo, PhaseRule
+    from accordion_repro.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"LGreCo takes 'acp_powersgd', 'powersgd' or 'topk' "
+                                          r".*did you mean 'acp_powersgd'\?"):
+        LGreCo(DistributedDataParallel(SmallNet()), "acp_powerSGD", r0=2)
+    with pytest.raises(ConfigError, match="check_levels: must be true or false, got 'no'"):
+        PhaseRule(DistributedDataParallel(SmallNet()), check_levels="no", **OBJECTS[
+            "phase_rule"][1])
+
+
+def test_lgreco_accordion_takes_the_relative_lr_drop_and_warns_on_a_continuous_schedule(
+        one_rank_group):
+    """The detector-driven successor has Accordion's lr_decay_rule: a drop under the threshold
+    is no decay, and with True a drop at two epochs in a row warns once."""
+    from accordion_repro.ddp import AccordionWarning, LGreCoAccordion
+
+    options = dict(r0=2, low=2, high=1, interval=1)
+    obj = LGreCoAccordion(DistributedDataParallel(SmallNet()), lr_decay_rule=0.5, **options)
+    obj.end_epoch(0, 0.1, 0.09)
+    assert obj.report["lr_rule_fired"] is False
+    obj.end_epoch(1, 0.09, 0.009)
+    assert obj.report["lr_rule_fired"] is True
+    obj = LGreCoAccordion(DistributedDataParallel(SmallNet()), **options)
+    with pytest.warns(AccordionWarning, match="LGreCoAccordion: the LR dropped at the end of "
+                                              "epochs 0 and 1"):
+        for epoch, lr in enumerate((0.1, 0.09, 0.08)):
+            obj.end_epoch(epoch, lr, lr * 0.9)
+
+
+def _successors_under_fsdp_and_across_ranks(rank):
+    """Each successor on a fully_shard model (one epoch, levels planned on both ranks alike),
+    and a successor whose ranks pass different arguments."""
+    from test_fsdp import _shard
+
+    from accordion_repro import ddp as module
+    from accordion_repro.errors import ConfigError
+
+    out = {}
+    for name, (obj_name, options) in OBJECTS.items():
+        torch.manual_seed(0)
+        net = _shard(SmallNet(), units=("fc1",))
+        obj = getattr(module, obj_name)(net, "powersgd", **options)
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
+        gen = torch.Generator().manual_seed(rank)
+        for _ in range(2):
+            x, y = _batch(gen)
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+            optimizer.step()
+        out[name] = obj.end_epoch(0, 0.1, 0.1).levels
+    try:
+        module.LGreCo(DistributedDataParallel(SmallNet()), r0=2 + rank)
+        out["r0"] = "no error"
+    except ConfigError as exc:
+        out["r0"] = str(exc)
+    return out
+
+
+@pytest.mark.distributed
+def test_successors_run_under_fsdp_and_refuse_ranks_that_disagree(tmp_path):
+    from test_comm_distributed import run_workers
+
+    r0, r1 = run_workers(_successors_under_fsdp_and_across_ranks, tmp_path, timeout=180)
+    for name in OBJECTS:
+        assert r0[name] == r1[name] and len(r0[name]) == 3
+    assert r0["phase_rule"] == [1, 2, 1]
+    for rank, out in enumerate((r0, r1)):
+        assert out["r0"] == (f"r0: the ranks passed LGreCo different values; rank {rank} "
+                             f"passed {2 + rank}: every rank must pass the same arguments")

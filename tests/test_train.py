@@ -74,11 +74,18 @@ def test_two_ranks_match_one_rank_on_the_same_global_batch(tmp_path):
     assert any((a[n] != 0).any() for n in a) and start["epoch"] == 0
 
 
-def test_resume_continues_identically(tmp_path):
+STRATEGIES = {"ddp": [], "fsdp": ["dist.strategy=fsdp", "dist.nproc_per_node=2"]}
+
+
+@pytest.mark.parametrize("strategy", [
+    "ddp", pytest.param("fsdp", marks=[pytest.mark.slow, pytest.mark.distributed])])
+def test_resume_continues_identically(tmp_path, strategy):
+    """Under fsdp the checkpoint holds the whole model and optimizer (gathered from the
+    shards), each rank's reducer (error memory, Q) and rank 0's detector, as under ddp."""
     common = ["model=resnet18", "model.width=0.125", *SMALL_IMAGE, "compressor=powersgd",
               "compressor.rank=1", "schedule=accordion", "schedule.low=2", "schedule.high=1",
               "schedule.interval=1", "trainer.epochs=3", "trainer.max_steps_per_epoch=3",
-              "optim.warmup_epochs=1", "optim.decay_at=[2]"]
+              "optim.warmup_epochs=1", "optim.decay_at=[2]", *STRATEGIES[strategy]]
     whole = train(common, tmp_path / "whole")
     train(common + ["trainer.stop_after_epoch=0"], tmp_path / "split")
     assert read_summary(tmp_path / "split")["status"] == "stopped"

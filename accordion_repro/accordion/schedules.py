@@ -108,8 +108,17 @@ def _epoch(o: ScheduleOptions, option: str) -> int:
     return as_epoch(o.get(option), o.key(option), o.context.total_epochs)
 
 
+# `schedule.windows: plan:<arm>` in a preset: the windows must come from a detect run's plan
+# (analysis/regime_plan.py); until an override replaces them, the run is refused, naming how.
+PLAN_PREFIX = "plan:"
+
+
 def _windows(o: ScheduleOptions, option: str) -> list[tuple[int, int]]:
     windows, total_epochs, key = o.get(option), o.context.total_epochs, o.key(option)
+    if isinstance(windows, str) and windows.startswith(PLAN_PREFIX):
+        raise ConfigError(key, f"this arm's epochs come from a reference run's plan ({windows}): "
+                               "`python -m accordion_repro.analysis.regime_plan RUN_DIR` prints "
+                               f"the {key}=... override to pass")
     if isinstance(windows, (str, bytes)) or not isinstance(windows, Sequence):
         raise ConfigError(key, f"must be a list of [start, end] epoch pairs, got {windows!r}")
     parsed = []

@@ -12,7 +12,7 @@ from accordion_repro.analysis.comparison import comparison_runs, write_compariso
 from accordion_repro.analysis.consistency import check_one_configuration
 from accordion_repro.analysis.costmodel import check_workers, resolve_network
 from accordion_repro.analysis.layout import COMPARISONS, FIGURES, TABLES, TWINS, run_command
-from accordion_repro.analysis.paired import write_paired_table
+from accordion_repro.analysis.paired import write_paired_table, write_table_paired
 from accordion_repro.analysis.summarize import summarize_runs
 from accordion_repro.analysis.tables import write_table
 
@@ -31,12 +31,14 @@ def build_all(runs_dir: str | Path = "results/runs", out_dir: str | Path = "resu
               net: str = "10gbit", workers: int | None = None,
               figures: bool = True) -> dict[str, list[Path]]:
     """Write results/tables/table{1..6}.{md,tex,csv}, fig2_paired.{md,csv} (Figure 2 (b)'s
-    final accuracies by seed and paired differences) and successors.{md,csv} (Accordion and its
+    final accuracies by seed and paired differences with their statistics), the same for the
+    cells of PAIRED_TABLES (<table>_paired.{md,csv}) and successors.{md,csv} (Accordion and its
     successors, analysis/comparison.py), results/figures/fig{2,9,10}.{png,pdf} and
-    <table>_tradeoff.{png,pdf}; returns {output name: written paths}. Missing runs never
-    fail the build: tables list the presets to run, figures without runs are skipped with a
-    MissingFigureWarning; runs of one cell that are not one configuration stop it before
-    anything is written (MixedCellError). figures=False writes the tables only (fast)."""
+    <table>_tradeoff.{png,pdf}, each figure once per scale (_by_scale); returns {output
+    name: written paths}. Missing runs never fail the build: tables list the presets to run,
+    figures without runs are skipped with a MissingFigureWarning; runs of one cell that are not
+    one configuration stop it before anything is written (MixedCellError). figures=False
+    writes the tables only (fast)."""
     resolve_network(net)
     if workers is not None:
         check_workers(workers)
@@ -54,6 +56,9 @@ def build_all(runs_dir: str | Path = "results/runs", out_dir: str | Path = "resu
         written[table_id] = write_table(spec, table_runs[table_id], out_dir / "tables", net)
     written["fig2_paired"] = write_paired_table(FIGURES["fig2"], figure_runs["fig2"],
                                                 out_dir / "tables")
+    for table_id in PAIRED_TABLES:
+        written[f"{table_id}_paired"] = write_table_paired(
+            TABLES[table_id], _table_epochs(frame, table_id), out_dir / "tables")
     for spec_id, spec in COMPARISONS.items():
         written[spec_id] = write_comparison_table(spec, compared[spec_id], out_dir / "tables")
     if figures:
@@ -79,10 +84,17 @@ def _write_comparison_figures(frame: pd.DataFrame, compared: dict[str, pd.DataFr
     return written
 
 
+# The tables whose cells are also compared seed by seed (<table>_paired.{md,csv}): PowerSGD's
+# and Top-K's, the two of the central-claim study (scale=cpu_long).
+PAIRED_TABLES = ("table1", "table3")
+
 # The most faithful scale first: a figure whose runs span several scales is drawn once per
-# scale, `figN` from the first of these that has runs and `figN_<scale>` from each other one
-# (curves of 16 and 12 epochs on one axis would compare nothing).
-SCALE_PREFERENCE = ("paper", "cpu_full", "cpu")
+# scale, `figN` (or `tableN_tradeoff`) from the first of these that has runs and
+# `figN_<scale>` from each other one (curves of 30 and 12 epochs on one axis would compare
+# nothing, and a trade-off marker over both would average a 30-epoch and a 12-epoch accuracy).
+# cpu_long (whole CIFAR-10, 30 epochs, the paper's LR proportions) is the closest to the paper
+# after the paper's own scale.
+SCALE_PREFERENCE = ("paper", "cpu_long", "cpu_full", "cpu")
 
 
 def _by_scale(frame: pd.DataFrame, figure_id: str) -> list[tuple[str, pd.DataFrame]]:
@@ -126,6 +138,12 @@ def _table_runs(runs: pd.DataFrame, table_id: str) -> pd.DataFrame:
                        TABLES[table_id].cells)
 
 
+def _table_epochs(frame: pd.DataFrame, table_id: str) -> pd.DataFrame:
+    """One-row-per-epoch rows of a table's runs, twins included."""
+    own = frame[_column_equals(frame, "run.table", table_id)]
+    return _with_twins(frame, own, "run.table", table_id, TABLES[table_id].cells)
+
+
 def _figure_runs(frame: pd.DataFrame, figure_id: str) -> pd.DataFrame:
     """One-row-per-epoch rows of a figure's runs, twins included."""
     own = frame[_column_equals(frame, "run.figure", figure_id)]
@@ -150,12 +168,14 @@ def _write_figures(frame: pd.DataFrame, table_runs: dict[str, pd.DataFrame],
             if not figure_frame.empty:
                 written[name] = figures.write_figure(builder(figure_frame), out_dir, name)
     for table_id, spec in TABLES.items():
-        runs = table_runs[table_id]
-        if runs.empty:
-            continue
-        table_frame = frame[frame["run_dir"].isin(runs["run_dir"])]
-        written[f"{table_id}_tradeoff"] = figures.write_figure(
-            figures.tradeoff_figure(spec, runs, table_frame), out_dir, f"{table_id}_tradeoff")
+        # one figure per scale, like the table's blocks: each marker is then one cell that
+        # build_all's check_one_configuration passed
+        for name, runs in _by_scale(table_runs[table_id], f"{table_id}_tradeoff"):
+            if runs.empty:
+                continue
+            table_frame = frame[frame["run_dir"].isin(runs["run_dir"])]
+            written[name] = figures.write_figure(
+                figures.tradeoff_figure(spec, runs, table_frame), out_dir, name)
     return written
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 import statistics
 from pathlib import Path
 
@@ -21,36 +20,18 @@ import pandas as pd
 
 from accordion_repro.analysis.collect import RUN_DIR, numerics_of
 from accordion_repro.analysis.layout import ComparisonSpec, run_command
+from accordion_repro.analysis.stats import paired_stats
 from accordion_repro.utils import atomic_write_text
 
 DASH = "–"
-# Two-sided 95 % quantiles of Student's t (0.975) by degrees of freedom; beyond 30 the
-# Cornish-Fisher expansion below is within 1e-4 of the exact value.
-_T975 = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 5: 2.5706, 6: 2.4469, 7: 2.3646,
-         8: 2.3060, 9: 2.2622, 10: 2.2281, 11: 2.2010, 12: 2.1788, 13: 2.1604, 14: 2.1448,
-         15: 2.1314, 16: 2.1199, 17: 2.1098, 18: 2.1009, 19: 2.0930, 20: 2.0860, 21: 2.0796,
-         22: 2.0739, 23: 2.0687, 24: 2.0639, 25: 2.0595, 26: 2.0555, 27: 2.0518, 28: 2.0484,
-         29: 2.0452, 30: 2.0423}
-
-
-def t_quantile_975(df: int) -> float:
-    """Student's t quantile 0.975 for `df` >= 1 degrees of freedom."""
-    if df < 1:
-        raise ValueError(f"a t interval needs at least 1 degree of freedom, got {df}")
-    if df in _T975:
-        return _T975[df]
-    z = 1.959964
-    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
 
 
 def t_interval(values: list[float]) -> tuple[float, float | None, float | None]:
-    """(mean, sample std, half-width of the 95 % t interval); std and half-width are None with
-    fewer than two values (one seed says nothing about the spread)."""
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, None, None
-    std = statistics.stdev(values)
-    return mean, std, t_quantile_975(len(values) - 1) * std / math.sqrt(len(values))
+    """(mean, sample std, half-width of the 95 % t interval) from analysis/stats.py; std and
+    half-width are None with fewer than two values (one seed says nothing about the spread)."""
+    summary = paired_stats(values)
+    half = None if summary.ci_high is None else summary.ci_high - summary.mean
+    return summary.mean, summary.std, half
 
 
 def comparison_runs(spec: ComparisonSpec, runs: pd.DataFrame) -> pd.DataFrame:

@@ -3,8 +3,9 @@
 Figures are drawn on bare matplotlib Figure objects with the Agg canvas (no pyplot state, no
 display) and saved without creation dates, so a rebuild from the same runs gives the same bytes.
 Curves average the seeds of a method epoch by epoch; runs of different scales are never averaged
-together (each scale gets its own curve, and the title says the scales are mixed). Legends list
-only the methods that have runs. Figures 2, 9 and 10 say under their title what the runs trained
+together: the build draws each figure once per scale, a builder given several scales draws one
+curve per scale (and the title says the scales are mixed), and a trade-off figure refuses them.
+Legends list only the methods that have runs. Figures 2, 9 and 10 say under their title what the runs trained
 on (scale, data, model width) and what differs from the paper's set-up (a stand-in data set,
 the batch sizes run); labels of batch-size curves give the batch sizes the runs logged.
 """
@@ -375,7 +376,8 @@ def figure10(runs: pd.DataFrame, spec: FigureSpec = FIGURES["fig10"]) -> Figure:
     if drawn:
         handles.append(Line2D([], [], color="grey", linestyle="--"))
         labels.append("global batch size (right axis)")
-    axes.legend(handles, labels, loc="lower right")
+    # below the axes: inside, it covered the curves and the dashed batch steps drew over it
+    axes.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncols=2)
     axes.set_ylabel("Test accuracy (%, solid)")
     setup = setup_text(runs, spec, _batch_differences(runs, spec))
     figure.suptitle(_wrapped(f"{spec.title}\n{setup}", figure))
@@ -399,8 +401,15 @@ def _method_labels(cells, runs: pd.DataFrame) -> list[tuple[str, str]]:
 
 
 def tradeoff_figure(spec: TableSpec, runs: pd.DataFrame, frame: pd.DataFrame) -> Figure:
-    """Final metric against floats communicated, one panel per section of the table.
-    runs: summarize_runs() rows of this table; frame: their run-epoch rows (for provenance)."""
+    """Final metric against floats communicated at one scale, one panel per section of the
+    table; a large marker is the mean ± std of one (model, method) cell's seeds.
+    runs: summarize_runs() rows of this table at one scale; frame: their run-epoch rows (for
+    provenance). Runs of several scales are refused: a marker over them would average a
+    12-epoch and a 30-epoch accuracy (build._by_scale draws one figure per scale)."""
+    scales = _sorted_unique(runs, "scale.name")
+    if len(scales) > 1:
+        raise ValueError(f"{spec.id} trade-off figure got runs of scales {', '.join(scales)}: "
+                         f"draw one figure per scale")
     sections = [section for section in spec.sections
                 if runs["model.name"].isin({cell.model for cell in section.cells}).any()]
     figure = _new_figure(7.4 * len(sections), 4.2)

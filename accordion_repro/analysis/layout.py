@@ -171,6 +171,8 @@ FIGURES: dict[str, FigureSpec] = {
         _figure_cells("fig2", "resnet18", "cifar10", "powersgd", (
             ("high_inside", "Rank 1 only inside critical regimes", 2, 1),
             ("high_outside", "Rank 1 only outside critical regimes", 2, 1),
+            ("high_earliest", "Rank 1 in the earliest non-critical epochs", 2, 1),
+            ("high_random", "Rank 1 in random non-critical epochs", 2, 1),
             ("static_low", "Rank 2", 2, 2),
             ("static_high", "Rank 1", 1, 1),
             ("accordion", "Accordion 2<->1", 2, 1),

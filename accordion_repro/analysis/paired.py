@@ -1,10 +1,13 @@
-"""Figure 2 (b) in numbers: each arm's final accuracy per seed, and paired differences.
+"""Same-seed comparisons in numbers: each run's final value per seed, and paired differences.
 
 At the end of a run the curves of Figure 2 (b) lie within a point of each other, about as far
 apart as the seeds move one arm. Whether *where* high compression is applied matters more than
-*how much* is then a question of a difference between two arms trained from the same seed (the
-same initialisation and data order) against the spread of each arm between seeds; this table
-states both, one block per scale, so that a reader need not redo them from the run directories.
+*how much*, or whether Accordion keeps the low level's accuracy, is then a question of a
+difference between two runs trained from the same seed (the same initialisation and data order)
+against the spread between seeds. Each difference row states what its seeds allow
+(analysis/stats.py): mean ± sample std, a 95 % t interval, the paired-t p value and on how many
+seeds the difference is positive; one block per scale (and per model for a table), so that a
+reader need not redo them from the run directories.
 """
 
 from __future__ import annotations
@@ -17,26 +20,33 @@ from pathlib import Path
 import pandas as pd
 
 from accordion_repro.analysis.collect import RUN_DIR, numerics_of
-from accordion_repro.analysis.layout import FigureSpec, run_command
+from accordion_repro.analysis.layout import FigureSpec, TableSpec, run_command
+from accordion_repro.analysis.stats import PairedStats, paired_stats
 from accordion_repro.utils import atomic_write_text
 
 DASH = "–"
-# (minuend, subtrahend) methods of the paired differences: where rank 1 goes at equal floats,
-# whether Accordion keeps the low level's accuracy, and how far apart the two static levels are.
-PAIRS = (("high_outside", "high_inside"), ("accordion", "static_low"),
+# (minuend, subtrahend) methods of the paired differences: where rank 1 goes at equal floats
+# (the inside arm against each arm outside the critical regimes), whether Accordion keeps the
+# low level's accuracy, and how far apart the two static levels are. A pair is shown where both
+# methods have runs.
+PAIRS = (("high_outside", "high_inside"), ("high_earliest", "high_inside"),
+         ("high_random", "high_inside"), ("accordion", "static_low"),
          ("accordion", "static_high"), ("static_low", "static_high"))
+METRIC_WORDS = {"test_acc": "final test accuracy (%)", "val_ppl": "final validation perplexity"}
 
 
-def final_accuracies(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per run of a one-row-per-epoch frame: its method, scale, seed, the test
-    accuracy of its last epoch (`final`) and its floats in all (`floats`, per worker)."""
+def final_accuracies(frame: pd.DataFrame, metric: str = "test_acc") -> pd.DataFrame:
+    """One row per run of a one-row-per-epoch frame: its method, scale, model, seed, the
+    `metric` of its last epoch (`final`) and its floats in all (`floats`, per worker)."""
     rows = []
     for run_dir, epochs in frame.groupby(RUN_DIR, sort=True):
         last = epochs.sort_values("epoch", kind="stable").iloc[-1]
         rows.append({RUN_DIR: run_dir, "method": last["run.method"], "scale": last["scale.name"],
-                     "seed": int(last["seed"]), "final": float(last["test_acc"]),
+                     "model": last.get("model.name"), "seed": int(last["seed"]),
+                     "final": float(last[metric]),
                      "floats": float(epochs["floats_sent"].sum())})
-    return pd.DataFrame(rows, columns=[RUN_DIR, "method", "scale", "seed", "final", "floats"])
+    return pd.DataFrame(rows, columns=[RUN_DIR, "method", "scale", "model", "seed", "final",
+                                       "floats"])
 
 
 def _mean_std(values: list[float], signed: bool = False) -> str:
@@ -48,46 +58,88 @@ def _mean_std(values: list[float], signed: bool = False) -> str:
     return f"{statistics.mean(values):{sign}.2f} ± {statistics.stdev(values):.2f}"
 
 
-def _block(spec: FigureSpec, scale: str, finals: pd.DataFrame,
-           numerics: list[str]) -> tuple[list[str], list[list]]:
-    """(markdown lines, csv rows) of one scale."""
+def _statistics_cells(stats: PairedStats) -> list[str]:
+    """95 % CI, p and the sign count of one difference row."""
+    if stats.ci_low is None:
+        return [DASH, DASH, f"{stats.positive} of {stats.n}"]
+    p = "< 0.001" if stats.p < 0.001 else f"{stats.p:.3f}"
+    return [f"[{stats.ci_low:+.2f}, {stats.ci_high:+.2f}]", p, f"{stats.positive} of {stats.n}"]
+
+
+def _statistics_rows(scale: str, name: str, stats: PairedStats) -> list[list]:
+    values = {"mean": stats.mean, "std": stats.std, "ci95_low": stats.ci_low,
+              "ci95_high": stats.ci_high, "p_paired_t": stats.p, "positive": stats.positive,
+              "n": stats.n}
+    return [[scale, kind, name, "", f"{value:.6f}" if isinstance(value, float) else value]
+            for kind, value in values.items() if value is not None]
+
+
+def _block(heading: str, scale: str, cells: list[tuple[str, str]], finals: pd.DataFrame,
+           owner: str) -> tuple[list[str], list[list]]:
+    """(markdown lines, csv rows) of one block: `cells` are the (method, label) pairs shown."""
     seeds = sorted(finals["seed"].unique())
     repeated = finals[finals.duplicated(["method", "seed"], keep=False)]
     if not repeated.empty:  # e.g. a copied run directory: a pairing would pick one of them
-        raise ValueError(f"{spec.id} at scale {scale}: more than one run per method and seed: "
+        raise ValueError(f"{owner} at scale {scale}: more than one run per method and seed: "
                          + ", ".join(repeated[RUN_DIR]))
     by_cell = {(row.method, row.seed): row for row in finals.itertuples()}
-    labels = {cell.method: cell.label for cell in spec.cells}
-    methods = [cell.method for cell in spec.cells if (finals["method"] == cell.method).any()]
+    labels = dict(cells)
+    methods = [method for method, _ in cells if (finals["method"] == method).any()]
     seed_columns = [f"seed {seed}" for seed in seeds]
-    heading = f"## scale {scale}" + (f" ({' / '.join(numerics)})" if numerics else "")
     lines = [heading, "", "| Run | " + " | ".join(seed_columns) + " | Mean ± std | Floats (M) |",
              "|---|" + "---:|" * (len(seeds) + 2)]
     rows = []
     for method in methods:
         values = [by_cell[(method, seed)].final for seed in seeds if (method, seed) in by_cell]
         floats = statistics.mean(row.floats for (m, _), row in by_cell.items() if m == method)
-        cells = [format(by_cell[(method, s)].final, ".2f") if (method, s) in by_cell else DASH
+        shown = [format(by_cell[(method, s)].final, ".2f") if (method, s) in by_cell else DASH
                  for s in seeds]
-        lines.append(f"| {labels[method]} | " + " | ".join(cells)
+        lines.append(f"| {labels[method]} | " + " | ".join(shown)
                      + f" | {_mean_std(values)} | {floats / 1e6:,.1f} |")
         rows += [[scale, "run", labels[method], seed, f"{by_cell[(method, seed)].final:.6f}"]
                  for seed in seeds if (method, seed) in by_cell]
-    lines += ["", "| Paired difference (same seed, points) | " + " | ".join(seed_columns)
-              + " | Mean ± std |", "|---|" + "---:|" * (len(seeds) + 1)]
-    for minuend, subtrahend in PAIRS:
-        if minuend not in methods or subtrahend not in methods:
-            continue
+    pairs = [(a, b) for a, b in PAIRS if a in methods and b in methods]
+    if not pairs:
+        return lines + [""], rows
+    lines += ["", "| Paired difference (same seed) | " + " | ".join(seed_columns)
+              + " | Mean ± std | 95 % CI | p (paired t) | > 0 |",
+              "|---|" + "---:|" * (len(seeds) + 4)]
+    for minuend, subtrahend in pairs:
         name = f"{labels[minuend]} − {labels[subtrahend]}"
         differences = {seed: by_cell[(minuend, seed)].final - by_cell[(subtrahend, seed)].final
                        for seed in seeds
                        if (minuend, seed) in by_cell and (subtrahend, seed) in by_cell}
-        cells = [format(differences[s], "+.2f") if s in differences else DASH for s in seeds]
-        lines.append(f"| {name} | " + " | ".join(cells)
-                     + f" | {_mean_std(list(differences.values()), signed=True)} |")
+        if not differences:
+            continue
+        stats = paired_stats(list(differences.values()))
+        shown = [format(differences[s], "+.2f") if s in differences else DASH for s in seeds]
+        lines.append(f"| {name} | " + " | ".join(shown)
+                     + f" | {_mean_std(list(differences.values()), signed=True)} | "
+                     + " | ".join(_statistics_cells(stats)) + " |")
         rows += [[scale, "difference", name, seed, f"{value:.6f}"]
                  for seed, value in differences.items()]
+        rows += _statistics_rows(scale, name, stats)
     return lines + [""], rows
+
+
+def _numerics_note(frame: pd.DataFrame, scale: str) -> str:
+    numerics = numerics_of(frame[frame["scale.name"] == scale])
+    return f" ({' / '.join(numerics)})" if numerics else ""
+
+
+def _write(out_dir: str | Path, stem: str, lines: list[str], rows: list[list]) -> list[Path]:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["scale", "kind", "name", "seed", "value"])
+    writer.writerows(rows)
+    out_dir = Path(out_dir)
+    return [atomic_write_text(out_dir / f"{stem}.md", "\n".join(lines)),
+            atomic_write_text(out_dir / f"{stem}.csv", buffer.getvalue())]
+
+
+HOW_TO_READ = ("Difference rows: mean ± sample std over seeds, the 95 % Student-t interval of the "
+               "mean difference (undecided where it spans zero), the two-sided paired-t p value "
+               "and on how many seeds the difference is positive.")
 
 
 def write_paired_table(spec: FigureSpec, frame: pd.DataFrame, out_dir: str | Path) -> list[Path]:
@@ -96,20 +148,45 @@ def write_paired_table(spec: FigureSpec, frame: pd.DataFrame, out_dir: str | Pat
     finals = final_accuracies(frame if not frame.empty else pd.DataFrame(columns=[RUN_DIR]))
     lines = [f"{spec.title}, panel (b) in numbers: final test accuracy (%) of each run by seed, "
              "mean ± sample std over seeds, and differences between two runs of the same seed "
-             "(points).", ""]
+             "(points).", "", HOW_TO_READ, ""]
     rows: list[list] = []
+    cells = [(cell.method, cell.label) for cell in spec.cells]
     for scale in sorted(finals["scale"].unique()):
-        numerics = numerics_of(frame[frame["scale.name"] == scale])
-        block_lines, block_rows = _block(spec, scale, finals[finals["scale"] == scale], numerics)
+        heading = f"## scale {scale}{_numerics_note(frame, scale)}"
+        block_lines, block_rows = _block(heading, scale, cells, finals[finals["scale"] == scale],
+                                         spec.id)
         lines += block_lines
         rows += block_rows
     if finals.empty:
         lines += ["No runs yet; run:", *(f"- `{run_command(cell.preset, 'paper')}`"
                                          for cell in spec.cells), ""]
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["scale", "kind", "name", "seed", "value"])
-    writer.writerows(rows)
-    out_dir = Path(out_dir)
-    return [atomic_write_text(out_dir / f"{spec.id}_paired.md", "\n".join(lines)),
-            atomic_write_text(out_dir / f"{spec.id}_paired.csv", buffer.getvalue())]
+    return _write(out_dir, f"{spec.id}_paired", lines, rows)
+
+
+def write_table_paired(spec: TableSpec, frame: pd.DataFrame, out_dir: str | Path) -> list[Path]:
+    """Write <out_dir>/<table>_paired.md and .csv: the table's cells compared seed by seed,
+    one block per scale, section and model with runs of at least two of its cells."""
+    lines = [f"{spec.title}, same-seed comparisons: the final value of each run by seed, mean ± "
+             "sample std over seeds, and differences between two runs of the same seed.", "",
+             HOW_TO_READ, ""]
+    rows: list[list] = []
+    for section in spec.sections:
+        mine = frame[frame["model.name"].isin({cell.model for cell in section.cells})] \
+            if not frame.empty else frame
+        if mine.empty:
+            continue
+        finals = final_accuracies(mine, section.metric)
+        for scale in sorted(finals["scale"].unique()):
+            for model in dict.fromkeys(cell.model for cell in section.cells):
+                cells = [(c.method, c.label) for c in section.cells if c.model == model]
+                block = finals[(finals["scale"] == scale) & (finals["model"] == model)]
+                if block["method"].nunique() < 2:
+                    continue
+                heading = (f"## scale {scale}{_numerics_note(frame, scale)}: {model}, "
+                           f"{section.title}, {METRIC_WORDS[section.metric]}")
+                block_lines, block_rows = _block(heading, scale, cells, block, spec.id)
+                lines += block_lines
+                rows += [[f"{scale}/{model}", *row[1:]] for row in block_rows]
+    if not rows:
+        lines += ["No scale has runs of two cells of one model yet.", ""]
+    return _write(out_dir, f"{spec.id}_paired", lines, rows)

@@ -11,8 +11,14 @@ with `schedule.detect=true`, same seed):
   there, and takes the latest non-critical ones (the plateau before a decay, where the
   gradient is quietest). If a phase has too few, the latest non-critical epochs left
   anywhere make up the count.
+- earliest and random: the same count per phase from the same non-critical epochs, the earliest
+  ones, or drawn at random. These are the control arms: "latest" puts rank 1 just before each
+  decay, where compression may cost least, so "outside beats inside" could mean "before a
+  decay beats after one" rather than "non-critical epochs are free". The random draw is
+  seeded from RANDOM_SEED and the reference run's seed, and written into the plan file before
+  the arm runs, so it can be redone and checked.
 
-Both arms then run the same number of epochs at each level, so they send the same floats. The
+Every arm then runs the same number of epochs at each level, so they send the same floats. The
 plan becomes `schedule.windows` of the regime_windows schedule (half-open [start, end) epoch
 pairs), so the arms are ordinary runs whose resolved.yaml holds their epochs.
 
@@ -24,9 +30,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import random
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import yaml
 
 from ..accordion.schedules import BATCH_DECISIONS, held_decision
 from .collect import RunDirectoryError, read_metrics
@@ -34,6 +43,18 @@ from .collect import RunDirectoryError, read_metrics
 RULE = ("outside: per LR phase, as many epochs as the inside arm has there, the latest ones the "
         "reference run did not hold critical; a shortfall is made up by the latest such epochs "
         "left anywhere")
+CONTROL_RULES = {
+    "earliest": "per LR phase, as many epochs as the inside arm has there, the earliest ones the "
+                "reference run did not hold critical; a shortfall is made up by the earliest "
+                "such epochs left anywhere",
+    "random": "per LR phase, as many epochs as the inside arm has there, drawn without "
+              "replacement from those the reference run did not hold critical (Python's "
+              "random.Random seeded with the string in random_seed); a shortfall is drawn from "
+              "such epochs left anywhere",
+}
+# The committed seed of the random control arm's draw (with the reference run's own seed).
+RANDOM_SEED = 36
+ARMS = ("inside", "outside", "earliest", "random")
 
 
 @dataclass(frozen=True)
@@ -45,11 +66,21 @@ class RegimePlan:
     inside_windows: list[list[int]]
     outside_windows: list[list[int]]
     rule: str = RULE
+    earliest_epochs: list[int] = ()    # the control arms' high-compression epochs, as many
+    earliest_windows: list[list[int]] = ()
+    random_epochs: list[int] = ()
+    random_windows: list[list[int]] = ()
+    random_seed: str = ""              # what seeded the random arm's draw
+    control_rules: dict = None
+
+    def epochs(self, arm: str) -> list[int]:
+        """The epochs in which this arm runs the high-compression level."""
+        return {"inside": self.critical_epochs, "outside": self.outside_epochs,
+                "earliest": self.earliest_epochs, "random": self.random_epochs}[arm]
 
     def overrides(self, arm: str) -> list[str]:
         """The command-line overrides that put high compression in this arm's epochs."""
-        windows = {"inside": self.inside_windows, "outside": self.outside_windows}[arm]
-        return ["schedule.windows=" + json.dumps(windows).replace(" ", "")]
+        return ["schedule.windows=" + json.dumps(windows(self.epochs(arm))).replace(" ", "")]
 
 
 def held_critical(records: list[dict], decision: str = "model_norm") -> list[bool]:
@@ -82,21 +113,47 @@ def lr_phases(records: list[dict]) -> list[int]:
     return phases
 
 
-def outside_epochs(held: list[bool], phases: list[int]) -> list[int]:
+def _latest(epochs: list[int], count: int) -> list[int]:
+    return epochs[len(epochs) - count:]
+
+
+def _earliest(epochs: list[int], count: int) -> list[int]:
+    return epochs[:count]
+
+
+def random_seed_text(seed: int) -> str:
+    return f"fig2-random-{RANDOM_SEED}-seed{seed}"
+
+
+def _random_pick(seed: int):
+    """Draws `count` of the epochs, in order, from one generator per reference seed (str seeds
+    hash the same way on every Python 3 version and machine)."""
+    generator = random.Random(random_seed_text(seed))
+    return lambda epochs, count: sorted(generator.sample(epochs, count))
+
+
+def quiet_epochs(held: list[bool], phases: list[int], pick=_latest) -> list[int]:
+    """Per LR phase as many non-critical epochs as it has critical ones, `pick`ed from its
+    non-critical epochs (the latest, the earliest or a random draw); a shortfall is picked from
+    the non-critical epochs left anywhere."""
     chosen: list[int] = []
     for phase in sorted(set(phases)):
         epochs = [e for e, p in enumerate(phases) if p == phase]
         wanted = sum(held[e] for e in epochs)
         quiet = [e for e in epochs if not held[e]]
-        chosen += quiet[len(quiet) - min(wanted, len(quiet)):]
+        chosen += pick(quiet, min(wanted, len(quiet)))
     shortfall = sum(held) - len(chosen)
     if shortfall:
         left = [e for e, critical in enumerate(held) if not critical and e not in chosen]
         if len(left) < shortfall:
             raise ValueError(f"the reference run holds {sum(held)} of {len(held)} epochs critical; "
                              "fewer are left outside for the other arm")
-        chosen += left[len(left) - shortfall:]
+        chosen += pick(left, shortfall)
     return sorted(chosen)
+
+
+def outside_epochs(held: list[bool], phases: list[int]) -> list[int]:
+    return quiet_epochs(held, phases, _latest)
 
 
 def windows(epochs: list[int]) -> list[list[int]]:
@@ -110,11 +167,26 @@ def plan_from_run(run_dir: str | Path, decision: str = "model_norm") -> RegimePl
     """The two arms' epochs from a completed static detect run."""
     records = read_metrics(Path(run_dir))
     held = held_critical(records, decision)
+    phases = lr_phases(records)
     critical = [e for e, flag in enumerate(held) if flag]
-    outside = outside_epochs(held, lr_phases(records))
+    outside = outside_epochs(held, phases)
+    earliest = quiet_epochs(held, phases, _earliest)
+    seed = _reference_seed(Path(run_dir))
+    drawn = quiet_epochs(held, phases, _random_pick(seed))
     return RegimePlan(reference=str(run_dir), decision=decision, critical_epochs=critical,
                       outside_epochs=outside, inside_windows=windows(critical),
-                      outside_windows=windows(outside))
+                      outside_windows=windows(outside), earliest_epochs=earliest,
+                      earliest_windows=windows(earliest), random_epochs=drawn,
+                      random_windows=windows(drawn), random_seed=random_seed_text(seed),
+                      control_rules=dict(CONTROL_RULES))
+
+
+def _reference_seed(run_dir: Path) -> int:
+    resolved = run_dir / "resolved.yaml"
+    if not resolved.is_file():
+        raise RunDirectoryError(f"{run_dir} has no resolved.yaml; the random arm's draw needs "
+                                "the reference run's seed")
+    return int(yaml.safe_load(resolved.read_text(encoding="utf-8"))["seed"])
 
 
 def write_plan(plan: RegimePlan, path: Path, relative_to: Path | None = None) -> None:
@@ -143,10 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.out:
         write_plan(plan, args.out)
-    print(f"critical (inside arm): {plan.critical_epochs}")
-    print(f"outside arm:           {plan.outside_epochs}")
-    for arm in ("inside", "outside"):
-        print(f"{arm}: {' '.join(plan.overrides(arm))}")
+    for arm in ARMS:
+        print(f"{arm + ':':9} epochs {plan.epochs(arm)}  {' '.join(plan.overrides(arm))}")
     return 0
 
 

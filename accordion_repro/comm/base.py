@@ -64,6 +64,11 @@ class Reducer:
         self._slot_buffers: dict = {}
 
     # ---- levels ---------------------------------------------------------------------------
+    def align_blocks(self) -> None:
+        """Make each layer's arithmetic independent of the layers reduced with it (the DDP
+        hook calls it; PowerSGD overrides it). Averaging, error memory and Top-K's selection
+        are element by element and exact wherever a layer sits, so here nothing changes."""
+
     def _check_level(self, level):
         option, kind = SETTINGS[self.name].LEVEL
         if kind is None:
@@ -132,22 +137,8 @@ class Reducer:
         self.set_levels(levels)
         positions = list(positions)
         work = [g.contiguous() for g in grads]  # g itself when it is contiguous
-        dense, compressed = [], []
-        for pos, grad in zip(positions, work):
-            if tuple(grad.shape) != self.shapes[pos]:
-                raise ValueError(f"gradient {pos} has shape {tuple(grad.shape)}, "
-                                 f"expected {self.shapes[pos]}")
-            layer = self.layer_of_tensor[pos]
-            if layer is None or self._sends_dense(layer, self.levels[layer]):
-                if layer is not None:
-                    stats.uncompressed_layers += 1
-                if layer is not None and self.memory[layer] is not None:
-                    grad.add_(self.memory[layer].view_as(grad))  # the memory is sent in full
-                    self.memory[layer].zero_()
-                dense.append(grad)
-            else:
-                compressed.append((layer, grad))
-        stats.floats_sent += sum(self._tensor_floats(pos, self.levels) for pos in positions)
+        dense_at, compressed = self.split_dense(positions, work, stats)
+        dense = [work[j] for j in dense_at]
         flat, handle = self._start_dense(dense, stats, slot)
         pending = [handle] if handle is not None else []  # joins the final phase
         for works, final in self._compressed_steps(compressed, stats) if compressed else ():
@@ -162,10 +153,51 @@ class Reducer:
             if work_grad is not grad:
                 grad.copy_(work_grad)
 
+    def split_dense(self, positions: list[int], grads: list[torch.Tensor],
+                    stats: CommStats) -> tuple[list[int], list[tuple[int, torch.Tensor]]]:
+        """Sort contiguous gradients into those sent dense and those compressed at the levels in
+        force: (indices j of the dense grads[j], [(layer, grads[j]) to compress]).
+
+        A compressible layer sent dense gets its error memory added first (the memory is sent
+        in full and cleared). Counts the floats of all of them and the uncompressed layers in
+        `stats`. The DDP and trainer paths send the dense ones in one all-reduce
+        (reduce_steps), the FSDP path in a reduce-scatter (comm/fsdp.py).
+        """
+        dense, compressed = [], []
+        for j, (pos, grad) in enumerate(zip(positions, grads)):
+            if tuple(grad.shape) != self.shapes[pos]:
+                raise ValueError(f"gradient {pos} has shape {tuple(grad.shape)}, "
+                                 f"expected {self.shapes[pos]}")
+            layer = self.layer_of_tensor[pos]
+            if layer is None or self._sends_dense(layer, self.levels[layer]):
+                if layer is not None:
+                    stats.uncompressed_layers += 1
+                if layer is not None and self.memory[layer] is not None:
+                    grad.add_(self.memory[layer].view_as(grad))  # the memory is sent in full
+                    self.memory[layer].zero_()
+                dense.append(j)
+            else:
+                compressed.append((layer, grad))
+        stats.floats_sent += sum(self._tensor_floats(pos, self.levels) for pos in positions)
+        return dense, compressed
+
     def _compressed_steps(self, items: list[tuple[int, torch.Tensor]], stats: CommStats):
         """Yield (work handles, final) after starting each collective of the compressed layers;
         after the last resume, the layers' gradients hold their decompressed average."""
         raise NotImplementedError
+
+    def average_compressed(self, items: list[tuple[int, torch.Tensor]], stats: CommStats) -> None:
+        """Run the compressed part of a reduction at once (what split_dense left to compress):
+        afterwards each layer's gradient holds its decompressed average."""
+        for works, _ in self._compressed_steps(items, stats) if items else ():
+            for work in works:
+                if work is not None:
+                    work.wait()
+
+    def memory_bytes(self) -> int:
+        """Bytes of error memory this worker holds now (one full-size matrix per compressed
+        layer that has been compressed with error feedback)."""
+        return sum(m.numel() * m.element_size() for m in self.memory if m is not None)
 
     def _start_dense(self, dense: list[torch.Tensor], stats: CommStats, slot):
         total = sum(g.numel() for g in dense)

@@ -26,12 +26,34 @@ def distributed() -> bool:
 
 
 def broadcast_object(obj, src: int = 0, group=None):
-    """`src`'s picklable object on every rank (how one rank's decision reaches all of them)."""
+    """`src`'s picklable object on every rank (how one rank's decision reaches all of them).
+
+    Pass a CPU-capable group (control_group): on an NCCL-only group torch stages the pickle on
+    `torch.cuda.current_device()`, which is GPU 0 in a process that never called set_device.
+    """
     if not distributed():
         return obj
     payload = [obj]
     dist.broadcast_object_list(payload, src=src, group=group)
     return payload[0]
+
+
+def control_group(group=None):
+    """A group over `group`'s ranks that takes CPU tensors: `group` itself when its backend
+    has gloo, else a new gloo group (collective: every rank of `group` calls it, once, at the
+    same point; callers keep the result).
+
+    The small agreements of a step or an epoch (the level check, rank 0's plan, a stop flag)
+    go through it with CPU tensors, so they never wait for the GPU: reading an NCCL result
+    on the host (`int()`, `.item()`) blocks until every kernel queued before it has run, and
+    NCCL's object collectives stage on the *current* CUDA device, not the model's.
+    """
+    if "gloo" in str(dist.get_backend(group)):  # "gloo", or "cpu:gloo,cuda:nccl"
+        return dist.group.WORLD if group is None else group
+    if group is None or group is dist.group.WORLD:
+        return dist.new_group(backend="gloo")
+    ranks = [dist.get_global_rank(group, r) for r in range(dist.get_world_size(group))]
+    return dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=True)
 
 
 class Communicator:
@@ -41,6 +63,26 @@ class Communicator:
         self.world_size = dist.get_world_size(group) if self.distributed else 1
         self.rank = dist.get_rank(group) if self.distributed else 0
         self.gloo_segment = GLOO_ALLGATHER_SEGMENT
+        self._control = None
+
+    def control(self):
+        """control_group(group), made at the first call (see control_group: every rank must
+        make that call at the same point; AccordionHookState and Accordion make it when built)."""
+        if self.distributed and self._control is None:
+            self._control = control_group(self.group)
+        return self._control
+
+    def differing(self, values: list[int], device: torch.device) -> list[bool]:
+        """Which of `values` (as many on every worker) are not the same on every worker, in one
+        tiny blocking all-reduce of their maxima and their negatives' maxima (not counted in
+        CommStats: it checks agreement, it moves no gradient)."""
+        if not self.distributed:
+            return [False] * len(values)
+        pairs = torch.tensor(list(values) + [-v for v in values], dtype=torch.int64,
+                             device=device)
+        dist.all_reduce(pairs, op=dist.ReduceOp.MAX, group=self.group)
+        largest, negated_smallest = pairs.view(2, -1).tolist()
+        return [big != -small for big, small in zip(largest, negated_smallest)]
 
     def all_reduce_sum(self, buffer: torch.Tensor, stats: CommStats):
         """Start summing `buffer` over workers in place; the work handle (None if nothing sent)."""
@@ -49,6 +91,16 @@ class Communicator:
         stats.collectives += 1
         stats.bytes_sent += buffer.numel() * buffer.element_size()
         return dist.all_reduce(buffer, group=self.group, async_op=True)
+
+    def reduce_scatter(self, output: torch.Tensor, flat: torch.Tensor, op, stats: CommStats):
+        """`flat` (world_size equal, rank-major parts) reduced with `op` into this worker's part
+        `output`, blocking (FSDP's own collective; the FSDP path sends its dense tensors so)."""
+        if not self.distributed or flat.numel() == 0:
+            output.copy_(flat[:output.numel()])
+            return
+        stats.collectives += 1
+        stats.bytes_sent += flat.numel() * flat.element_size()
+        dist.reduce_scatter_tensor(output, flat, op=op, group=self.group)
 
     def all_gather(self, local: torch.Tensor, stats: CommStats) -> torch.Tensor:
         """Stack every worker's `local` (same size on all) into one (world_size, n) tensor."""
@@ -86,11 +138,13 @@ class Communicator:
                                            group=self.group, async_op=True))
         return out, handles
 
-    def max_and_min(self, value: int, device: torch.device) -> tuple[int, int]:
-        """The largest and smallest `value` over workers, in one tiny blocking all-reduce (not
-        counted in CommStats: it checks agreement, it moves no gradient)."""
+    def max_and_min(self, value: int) -> tuple[int, int]:
+        """The largest and smallest `value` over workers, in one tiny blocking all-reduce of a
+        CPU tensor on the control group (no GPU sync; not counted in CommStats: it checks
+        agreement, it moves no gradient)."""
         if not self.distributed:
             return value, value
-        pair = torch.tensor([value, -value], dtype=torch.int64, device=device)
-        dist.all_reduce(pair, op=dist.ReduceOp.MAX, group=self.group)
-        return int(pair[0]), -int(pair[1])
+        pair = torch.tensor([value, -value], dtype=torch.int64)
+        dist.all_reduce(pair, op=dist.ReduceOp.MAX, group=self.control())
+        largest, negated = pair.tolist()
+        return largest, -negated

@@ -24,11 +24,12 @@ kernels, and an error memory in bf16 would lose most of what it is meant to keep
 import difflib
 import zlib
 from collections import Counter
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from functools import lru_cache
 
 import torch
 
+from ..options import Options
 from .build import build_reducer
 from .base import Phase, Reducer
 from .stats import CommStats
@@ -80,7 +81,7 @@ def check_agreement(reducer: Reducer, ending_epoch: int | None = None) -> None:
     levels = reducer.levels
     mine = (_fingerprint(reducer.name, tuple(levels)) if ending_epoch is None
             else END_EPOCH_MARK + ending_epoch)
-    largest, smallest = reducer.comm.max_and_min(mine, reducer.device)
+    largest, smallest = reducer.comm.max_and_min(mine)
     if largest == smallest:
         return
     rank = reducer.comm.rank
@@ -104,12 +105,18 @@ def check_agreement(reducer: Reducer, ending_epoch: int | None = None) -> None:
 
 
 class _Job:
-    """One bucket's reduction: starts its first phase at once; `result` completes with it."""
+    """One bucket's reduction: starts its first phase at once; `result` completes with it.
 
-    def __init__(self, steps: Generator[Phase, None, None], finish: Callable[[], torch.Tensor]):
+    `devices`: the CUDA device of the bucket, if any. The result Future is then CUDA-aware:
+    set_result records events on the streams that ran the decompression, and DDP's wait() on
+    it makes DDP's stream wait for them (torch.futures.Future's `devices`).
+    """
+
+    def __init__(self, steps: Generator[Phase, None, None], finish: Callable[[], torch.Tensor],
+                 devices: Sequence[torch.device] = ()):
         self.steps = steps
         self.finish = finish  # local work once the reduction is done; returns the bucket buffer
-        self.result: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        self.result: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=list(devices))
         self._enter(next(steps, None))
 
     def advance(self) -> None:
@@ -124,11 +131,21 @@ class _Job:
         if phase is None or (phase.final and not phase.works):  # nothing left to wait for
             self._complete()
         elif phase.final:
-            done = torch.futures.collect_all([w.get_future() for w in phase.works])
-            done.then(lambda _: self._complete())
+            futures = [w.get_future() for w in phase.works]
+            torch.futures.collect_all(futures).then(lambda _: self._complete(futures))
 
-    def _complete(self) -> None:
+    def _complete(self, futures: Sequence[torch.futures.Future] = ()) -> None:
+        """Run the final, local part (decompression) and complete `result`.
+
+        collect_all's Future holds futures, not tensors, and has no devices: its callback runs
+        with no stream made to wait for NCCL's kernels. wait() on each (completed) work Future
+        does that, without blocking the host: it makes the current stream wait for the events
+        NCCL recorded, as then() on that very Future would (torch's powerSGD_hook chains
+        get_future().then()). For gloo the Futures are complete, wait() returns at once.
+        """
         try:
+            for future in futures:
+                future.wait()
             if next(self.steps, None) is not None:  # runs the final, local part of the reduction
                 raise RuntimeError("a reduction started collectives after its final phase")
             self.result.set_result(self.finish())
@@ -157,11 +174,11 @@ class BucketPipeline:
         self._waiting: list[_Job] = []
 
     def submit(self, steps: Generator[Phase, None, None], finish: Callable[[], torch.Tensor],
-               last: bool) -> torch.futures.Future[torch.Tensor]:
+               last: bool, devices: Sequence[torch.device] = ()) -> torch.futures.Future[torch.Tensor]:
         """Start one bucket's reduction, then move every earlier bucket one phase on; the last
         bucket of the backward also drives all of them to their final phase."""
         try:
-            job = _Job(steps, finish)
+            job = _Job(steps, finish, devices)
             self._advance()
             if job.waiting:
                 self._waiting.append(job)
@@ -181,35 +198,40 @@ class BucketPipeline:
         self._waiting = []
 
 
-class AccordionHookState:
-    """What accordion_hook needs: the reducer, the parameter positions, the detector tap.
+class ReducerState:
+    """One reducer over all trainable parameters of a model, addressed by parameter name: what
+    the DDP hook (AccordionHookState) and the FSDP comm (comm/fsdp.py) share.
 
     `detector` (optional, anything with accumulate_layers(layers, grads) and end_step()) is fed
     each bucket's local gradients of the compressible layers before they are reduced: under the
     hook, p.grad holds the averaged, decompressed gradient once backward() returns.
-    `check_levels` spends one 16-byte all-reduce per step on check_agreement.
+    `check_levels` spends one 16-byte all-reduce per step on check_agreement, a CPU tensor on
+    the reducer's control group (made here, on every rank: build the state on every rank).
     """
 
-    def __init__(self, model: torch.nn.Module, compressor: str = "powersgd", *, group=None,
-                 async_op: bool = True, check_levels: bool = True, **options):
-        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    def __init__(self, named: list[tuple[str, torch.Tensor]], compressor: str, *, group,
+                 check_levels: bool, **options):
+        # before any work: the string "no" is truthy
+        Options(type(self).__name__, {"check_levels": check_levels}).flag("check_levels")
         if not named:
             raise ValueError("the model has no trainable parameters")
         self.param_names = [name for name, _ in named]
         params = [p for _, p in named]
         self.dtype = compute_dtype(params)
-        # The reducer reads only shape, dtype and device: stand-ins that allocate nothing.
+        # The reducer reads only shape, dtype and device: stand-ins that allocate nothing (an
+        # FSDP parameter is a DTensor whose shape is the whole, unsharded one).
         stand_ins = [torch.zeros((), dtype=self.dtype, device=p.device).expand(p.shape)
                      for p in params]
         self.reducer = build_reducer(compressor, stand_ins, group=group, **options)
+        # DDP's buckets (regrouped after its first step) must not change a layer's rounding,
+        # or a resumed run's first step would differ from the step it replaces.
+        self.reducer.align_blocks()
         self._params = params
-        self._position_of_ptr = {p.data_ptr(): i for i, p in enumerate(params)}
-        self.async_op = bool(async_op)
         self.detector = None
         self.stats = CommStats()
-        self.check_levels = bool(check_levels)
-        self._pipeline = BucketPipeline()
-        self._step_stats: CommStats | None = None  # of the reduction in progress, if any
+        self.check_levels = check_levels
+        if self.check_levels:
+            self.reducer.comm.control()
 
     @property
     def layer_names(self) -> list[str]:
@@ -249,6 +271,21 @@ class AccordionHookState:
         stats, self.stats = self.stats, CommStats()
         return stats
 
+
+class AccordionHookState(ReducerState):
+    """What accordion_hook needs: the reducer, the parameter positions, the detector tap
+    (ReducerState says what `detector` and `check_levels` do)."""
+
+    def __init__(self, model: torch.nn.Module, compressor: str = "powersgd", *, group=None,
+                 async_op: bool = True, check_levels: bool = True, **options):
+        Options("AccordionHookState", {"async_op": async_op}).flag("async_op")  # "no" is truthy
+        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        super().__init__(named, compressor, group=group, check_levels=check_levels, **options)
+        self._position_of_ptr = {p.data_ptr(): i for i, p in enumerate(self._params)}
+        self.async_op = async_op
+        self._pipeline = BucketPipeline()
+        self._step_stats: CommStats | None = None  # of the reduction in progress, if any
+
     # ---- one bucket -----------------------------------------------------------------------
     def reduce_bucket(self, bucket) -> torch.futures.Future[torch.Tensor]:
         buffer = bucket.buffer()
@@ -287,7 +324,8 @@ class AccordionHookState:
 
             last = bucket.is_last()
             if self.async_op:
-                future = self._pipeline.submit(steps, finish, last)
+                devices = [buffer.device] if buffer.device.type == "cuda" else []
+                future = self._pipeline.submit(steps, finish, last, devices)
             else:
                 for phase in steps:
                     for work in phase.works:

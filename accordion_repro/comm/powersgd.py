@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..transfer import host_to_device
 from .base import Reducer
 from .stats import CommStats
 
@@ -42,29 +43,42 @@ class _PackedLayout:
     row-major M, Q^T M^T and P^T M are fast wide products, whereas M Q with a thin Q falls on
     a slow BLAS path (about 10x slower for rank 2 and 4 with MKL on one thread). Layers that
     share (n, rank) sit next to each other so P can be orthonormalised as one batch.
+
+    `align` (elements): every layer's block starts at a multiple of it. BLAS products depend on
+    where their operands sit (MKL's sgemm rounds Q^T M^T and P^T M differently for a Q or an
+    output 4 floats off a 16-byte boundary), so with `align` = 64 bytes a layer's products are
+    the same whichever layers share its buffers (a DDP bucket). With 1 the blocks are packed
+    end to end, as the trainer's committed runs were.
     """
 
-    def __init__(self, items: tuple[tuple[int, int], ...], matrix_shapes, dtype, device):
+    def __init__(self, items: tuple[tuple[int, int], ...], matrix_shapes, dtype, device,
+                 align: int = 1):
         groups: dict[tuple[int, int], list[int]] = {}
         for layer, rank in items:
             groups.setdefault((matrix_shapes[layer][0], rank), []).append(layer)
-        p_size = sum(matrix_shapes[l][0] * r for l, r in items)
-        q_size = sum(matrix_shapes[l][1] * r for l, r in items)
-        self.p_buffer = torch.empty(p_size, dtype=dtype, device=device)
-        self.q_buffer = torch.empty(q_size, dtype=dtype, device=device)
+
+        def padded(size: int) -> int:
+            return -(-size // align) * align
+
+        p_size = sum(len(layers) * padded(n * rank) for (n, rank), layers in groups.items())
+        q_size = sum(padded(matrix_shapes[l][1] * r) for l, r in items)
+        self.p_buffer = torch.zeros(p_size, dtype=dtype, device=device)  # padding sums to 0
+        self.q_buffer = torch.zeros(q_size, dtype=dtype, device=device)
         self.p_groups: list[torch.Tensor] = []  # (layers, n, rank) views of P (transposed)
         self.p_t: dict[int, torch.Tensor] = {}  # layer -> P^T, (rank, n)
         self.q_t: dict[int, torch.Tensor] = {}  # layer -> Q^T, (rank, m)
         p_off = q_off = 0
         for (n, rank), layers in groups.items():
-            block = self.p_buffer[p_off:p_off + len(layers) * rank * n].view(len(layers), rank, n)
+            stride = padded(rank * n)
+            rows = self.p_buffer[p_off:p_off + len(layers) * stride].view(len(layers), stride)
+            block = rows[:, :rank * n].view(len(layers), rank, n)
             self.p_groups.append(block.transpose(1, 2))
-            p_off += block.numel()
+            p_off += rows.numel()
             for j, layer in enumerate(layers):
                 m = matrix_shapes[layer][1]
                 self.p_t[layer] = block[j]
                 self.q_t[layer] = self.q_buffer[q_off:q_off + rank * m].view(rank, m)
-                q_off += rank * m
+                q_off += padded(rank * m)
 
 
 def _draw_seed(seed: int, layer: int, draw: int) -> int:
@@ -87,6 +101,34 @@ class PowerSGDReducer(Reducer):
         self.q: list[torch.Tensor | None] = [None] * self.num_compressible
         self.draws = [0] * self.num_compressible
         self._layouts: dict[tuple, _PackedLayout] = {}
+        self._align = 1
+        self._aligned_m: list[torch.Tensor | None] = []  # M's own copy, see align_blocks
+
+    def align_blocks(self) -> None:
+        """Make each layer's products independent of the layers reduced with it (the DDP hook).
+
+        DDP groups layers into buckets, and regroups them after its first step, so a resumed
+        run's first step would pack other layers together than the step it replaces. From now
+        on every P and Q block starts on a 64-byte boundary of its buffer, and without error
+        feedback M (otherwise a view into DDP's bucket, at an offset set by the bucket's other
+        layers) is first copied into a buffer of its own, as the error memory already is.
+        The trainer's whole-model reduction keeps the end-to-end packing of its committed runs.
+        """
+        self._align = max(1, 64 // torch.empty((), dtype=self.dtype).element_size())
+        self._layouts.clear()
+        self._aligned_m = [None] * self.num_compressible
+
+    def _matrix(self, layer: int, grad_matrix: torch.Tensor) -> torch.Tensor:
+        """M = g + e with error feedback (held in the error memory), else g, which the aligned
+        mode copies into a buffer of its own."""
+        if self.error_feedback:
+            return self._memory(layer).add_(grad_matrix)
+        if not self._aligned_m:
+            return grad_matrix
+        if self._aligned_m[layer] is None:
+            self._aligned_m[layer] = torch.empty(self.matrix_shapes[layer], dtype=self.dtype,
+                                                 device=self.device)
+        return self._aligned_m[layer].copy_(grad_matrix)
 
     def _sends_dense(self, layer: int, level: int) -> bool:
         return level >= min(self.matrix_shapes[layer])
@@ -100,14 +142,15 @@ class PowerSGDReducer(Reducer):
     def _fresh_q(self, layer: int, rank: int) -> torch.Tensor:
         generator = torch.Generator().manual_seed(_draw_seed(self.seed, layer, self.draws[layer]))
         self.draws[layer] += 1
-        return torch.randn(rank, self.matrix_shapes[layer][1], generator=generator,
-                           dtype=self.dtype).to(self.device)
+        return host_to_device(torch.randn(rank, self.matrix_shapes[layer][1], generator=generator,
+                                          dtype=self.dtype), self.device)
 
     def _layout(self, items: tuple[tuple[int, int], ...]) -> _PackedLayout:
         if items not in self._layouts:
             if len(self._layouts) > 64:  # level patterns come and go; keep the cache small
                 self._layouts.clear()
-            self._layouts[items] = _PackedLayout(items, self.matrix_shapes, self.dtype, self.device)
+            self._layouts[items] = _PackedLayout(items, self.matrix_shapes, self.dtype,
+                                                 self.device, self._align)
         return self._layouts[items]
 
     def _compressed_steps(self, items: list[tuple[int, torch.Tensor]], stats: CommStats):
@@ -118,8 +161,7 @@ class PowerSGDReducer(Reducer):
         matrices = []
         for layer, grad in items:
             grad_matrix = grad.view(self.matrix_shapes[layer])
-            # With error feedback the memory now holds M = g + e.
-            matrix = self._memory(layer).add_(grad_matrix) if self.error_feedback else grad_matrix
+            matrix = self._matrix(layer, grad_matrix)
             q_t = layout.q_t[layer]
             if self.q[layer] is None or not self.warm_start:
                 q_t.copy_(self._fresh_q(layer, self.levels[layer]))

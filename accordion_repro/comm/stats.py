@@ -25,6 +25,9 @@ class CommStats:
     # compressible layers sent uncompressed because their level cannot compress them (a
     # PowerSGD rank >= min(n, m), a Top-K fraction that keeps every entry), summed over steps
     uncompressed_layers: int = 0
+    # FSDP path only: the bytes FSDP's own reduce-scatter would have sent in the same steps
+    # (its flat input), the baseline bytes_sent compares with; 0 on the DDP and trainer paths
+    fsdp_reduce_scatter_bytes: int = 0
 
     def __add__(self, other: "CommStats") -> "CommStats":
         return CommStats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))

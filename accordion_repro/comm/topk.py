@@ -51,7 +51,9 @@ def topk_indices(values: torch.Tensor, k: int, scratch: torch.Tensor | None = No
     """
     n = values.numel()
     magnitudes = torch.abs(values, out=scratch) if scratch is not None else values.abs()
-    if n >= _SAMPLED_MIN_NUMEL and k < n:
+    # CPU only: torch.nonzero and the candidate count are host reads, one GPU sync each, and
+    # torch.topk on a GPU is a radix select that needs no candidate set.
+    if n >= _SAMPLED_MIN_NUMEL and k < n and values.device.type == "cpu":
         sample = _sample(magnitudes)
         if k <= n // 2:
             fraction = min(1.0, k / n + _margin(k / n))
@@ -74,6 +76,21 @@ def topk_indices(values: torch.Tensor, k: int, scratch: torch.Tensor | None = No
                 keep[candidates[dropped]] = False
                 return torch.nonzero(keep).view(-1)
     return torch.topk(magnitudes, k, sorted=False).indices
+
+
+def add_in_rank_order(flat: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> None:
+    """flat[indices[r, j]] += values[r, j], rank 0's row first, then rank 1's, and so on.
+
+    Each row holds one worker's top-k, so its indices are distinct: one index_add_ per row adds
+    at most once to each entry, and the rows follow one another in stream order. A single
+    index_add_ over all rows would add the ranks' values of a shared index with CUDA atomics in
+    whatever order the threads run (torch lists index_add_ on CUDA among the nondeterministic
+    operations): with 3 or more ranks the float sums, and so the replicas, would differ. On
+    the CPU the single call adds in the order of its index, row after row, so this is the same
+    sum, bit for bit (tests/test_comm_reducers.py checks it).
+    """
+    for rank_indices, rank_values in zip(indices, values):
+        flat.index_add_(0, rank_indices, rank_values)
 
 
 class TopKReducer(Reducer):
@@ -140,6 +157,6 @@ class TopKReducer(Reducer):
         for (_, grad), layer_values, layer_indices in zip(items, values.split(counts, dim=1),
                                                           indices.split(counts, dim=1)):
             flat = grad.view(-1).zero_()
-            flat.index_add_(0, layer_indices.reshape(-1), layer_values.reshape(-1))
+            add_in_rank_order(flat, layer_indices, layer_values)
             if scale != 1.0:
                 flat.mul_(scale)

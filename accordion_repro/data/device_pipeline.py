@@ -27,6 +27,7 @@ from torch.utils.data import Subset
 from torchvision import transforms
 
 from ..errors import ConfigError
+from ..transfer import host_to_device
 
 
 def raw_arrays(dataset) -> tuple[np.ndarray, np.ndarray, object]:
@@ -92,7 +93,7 @@ class DeviceImages:
         return len(self.labels)
 
     def batch(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        index = indices.to(self.device)
+        index = host_to_device(indices, self.device)
         x = self.images[index]
         for step in self.steps:
             x = getattr(self, f"_{step.kind}")(x, *step.value)
@@ -107,7 +108,7 @@ class DeviceImages:
     def _crop(self, x: torch.Tensor, size: int, pad: int) -> torch.Tensor:
         n, c, h, w = x.shape
         padded = F.pad(x, (pad, pad, pad, pad)) if pad else x
-        offsets = torch.randint(0, h + 2 * pad - size + 1, (n, 2)).to(x.device)  # (top, left)
+        offsets = host_to_device(torch.randint(0, h + 2 * pad - size + 1, (n, 2)), x.device)
         span = torch.arange(size, device=x.device)
         rows = (offsets[:, 0:1] + span)[:, None, :, None]
         cols = (offsets[:, 1:2] + span)[:, None, None, :]
@@ -115,12 +116,12 @@ class DeviceImages:
                       torch.arange(c, device=x.device)[None, :, None, None], rows, cols]
 
     def _flip(self, x: torch.Tensor, p: float) -> torch.Tensor:
-        flip = (torch.rand(len(x)) < p).to(x.device)[:, None, None, None]
+        flip = host_to_device(torch.rand(len(x)) < p, x.device)[:, None, None, None]
         return torch.where(flip, x.flip(-1), x)
 
     def _rotate(self, x: torch.Tensor, low: float, high: float) -> torch.Tensor:
         """Nearest-neighbour rotation about the centre with zero fill, as PIL's default."""
-        angles = torch.empty(len(x)).uniform_(low, high).to(x.device) * (math.pi / 180)
+        angles = host_to_device(torch.empty(len(x)).uniform_(low, high), x.device) * (math.pi / 180)
         cos, sin = torch.cos(angles), torch.sin(angles)
         zero = torch.zeros_like(cos)
         theta = torch.stack([torch.stack([cos, -sin, zero], 1), torch.stack([sin, cos, zero], 1)], 1)
@@ -132,6 +133,6 @@ class DeviceImages:
         return x.float().div_(255)
 
     def _normalize(self, x: torch.Tensor, mean, std) -> torch.Tensor:
-        mean_t = torch.tensor(mean, device=x.device, dtype=x.dtype)[None, :, None, None]
-        std_t = torch.tensor(std, device=x.device, dtype=x.dtype)[None, :, None, None]
+        mean_t = host_to_device(torch.tensor(mean, dtype=x.dtype), x.device)[None, :, None, None]
+        std_t = host_to_device(torch.tensor(std, dtype=x.dtype), x.device)[None, :, None, None]
         return (x - mean_t) / std_t

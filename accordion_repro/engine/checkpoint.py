@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from accordion_repro.accordion import Plan
 from accordion_repro.comm.collectives import distributed
+from accordion_repro.transfer import to_cpu
 from accordion_repro.utils import atomic_write_bytes
 
 _PLAIN = (type(None), bool, int, float, str, bytes, torch.Tensor)
@@ -94,6 +95,7 @@ def save(run_dir: Path, shared: dict, per_rank: dict) -> None:
     """Collective: every rank calls it; rank 0 writes shared state plus all ranks' parts."""
     parts = [per_rank]
     if distributed():
+        per_rank = to_cpu(per_rank)  # before pickling: not onto rank 0's (or rank k's) GPU
         parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         dist.gather_object(per_rank, parts, dst=0)
     if parts is None:

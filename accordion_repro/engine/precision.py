@@ -19,6 +19,27 @@ import torch
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def cpu_bf16_is_emulated() -> bool:
+    """True where this CPU has no native bf16 (no AVX512-BF16 or AMX, as oneDNN reports it).
+
+    There autocast's bf16 convolutions are emulated and run far slower than fp32: ResNet-18 at
+    a quarter width, one 64-image step on one thread of an AVX2 CPU, took 11.3 s in bf16 with
+    channels_last against 1.4 s in fp32 (docs/reproduce.md). `scale=cpu_long` chose bf16 on an
+    AVX512 CPU where it was 1.7-1.8x faster. torch.ops.mkldnn._is_mkldnn_bf16_supported is
+    private; where it is missing nothing is claimed (False).
+    """
+    try:
+        return not bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+EMULATED_BF16 = ("trainer.precision=bf16 on a CPU without native bf16 (oneDNN reports none; "
+                 "capability {capability}): autocast emulates it, about 8x slower than fp32 "
+                 "for ResNet-18 here (docs/reproduce.md); trainer.precision=fp32 is faster on "
+                 "this CPU but a different configuration from a bf16 run's")
+
+
 def autocast(device: torch.device, precision: str):
     """The forward pass's context: autocast to the precision's dtype (nothing for fp32)."""
     dtype = DTYPES[precision]

@@ -67,3 +67,6 @@ class DistSettings(Settings):
     launcher: str = option(Options.choice, ("auto", "spawn", "env"))
     master_addr: str = option(Options.get)
     timeout_s: int = option(Options.integer)  # collective timeout
+    # ddp: every rank holds the whole model, the reducer all-reduces; fsdp: FSDP2 shards the
+    # model and the reducer runs inside its reduce-scatter (docs/fsdp.md)
+    strategy: str = option(Options.choice, ("ddp", "fsdp"))

@@ -25,14 +25,16 @@ from tqdm import tqdm
 from accordion_repro.accordion import Plan, build_schedule
 from accordion_repro.comm import build_reducer, compressor_level
 from accordion_repro.comm.collectives import broadcast_object as broadcast_from_rank0  # src 0
+from accordion_repro.comm.collectives import control_group
 from accordion_repro.comm.collectives import distributed as _distributed
 from accordion_repro.comm.stats import CommStats
 from accordion_repro.data import build_data
-from accordion_repro.engine import checkpoint, stop
+from accordion_repro.engine import checkpoint, sharding, stop
+from accordion_repro.engine.clock import PhaseClock
 from accordion_repro.engine.lr import build_epoch_lr
 from accordion_repro.engine.optim import build_optimizer
 from accordion_repro.engine.precision import LossScaler, autocast
-from accordion_repro.engine.settings import OptimSettings, TrainerSettings
+from accordion_repro.engine.settings import DistSettings, OptimSettings, TrainerSettings
 from accordion_repro.engine.tasks import build_task
 from accordion_repro.env import local_cuda_device
 from accordion_repro.errors import ConfigWarning, TrainingDiverged
@@ -51,6 +53,19 @@ class _StopRequested(Exception):
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _marking_last(batches, accum: int):
+    """One step's micro-batches (at most `accum`) as (batch, whether it is the step's last): the
+    next one is fetched before a backward, so FSDP knows which backward must reduce (the others
+    accumulate unsharded gradients), also when the data ends inside a step."""
+    batch = next(batches, None)
+    for got in range(1, accum + 1):
+        if batch is None:
+            return
+        upcoming = next(batches, None) if got < accum else None
+        yield batch, upcoming is None
+        batch = upcoming
 
 
 class Trainer:
@@ -81,11 +96,22 @@ class Trainer:
             self.model = self.model.to(memory_format=torch.channels_last)
         self.scaler = LossScaler() if t.precision == "fp16" else None
         self._broadcast_model()
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-
+        # dist.strategy=fsdp: the same reducer runs inside FSDP's reduce-scatter during backward
+        # (comm/fsdp.py); p.grad is then this rank's shard of the averaged gradient.
+        self.fsdp = None
         comp = dict(cfg["compressor"])
         comp_name = comp.pop("name")
-        self.reducer = build_reducer(comp_name, self.params, **comp)
+        if DistSettings.from_config(cfg["dist"]).strategy == "fsdp":
+            from accordion_repro.comm.fsdp import FSDPReducerState
+
+            # clip_point=local clips each rank's whole local gradient inside the one reduction
+            clip_local = self.optim.clip_grad_norm if self.optim.clip_point == "local" else None
+            self.model = sharding.shard_model(self.model, self.device, one_unit=bool(clip_local))
+            self.fsdp = FSDPReducerState(self.model, comp_name, check_levels=False,
+                                         clip_local=clip_local, **comp)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.reducer = (self.fsdp.reducer if self.fsdp is not None
+                        else build_reducer(comp_name, self.params, **comp))
         self.compressible = [i for i, c in enumerate(self.reducer.compressible) if c]
 
         sched = dict(cfg["schedule"])
@@ -105,15 +131,17 @@ class Trainer:
             self.epoch_lr = build_epoch_lr(self.optim, total_epochs=t.epochs,
                                            world_size=self.world_size, batch_size=t.batch_size)
         self.optimizer = build_optimizer(self.optim, self.params, lr=self.epoch_lr(0))
-        # Stop requests are agreed on the CPU (gloo), so NCCL runs pay no GPU sync for them.
-        self._control_group = None if not _distributed() else (
-            dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo"))
+        # Stop requests and rank 0's plan go on the CPU (gloo): NCCL runs pay no GPU sync.
+        self._control_group = control_group() if _distributed() else None
         self.start_epoch = 0
         self.config_change = cfg.get("_config_change") or {}
         self.wandb_id = None
         self.totals = {"floats": 0, "bytes": 0, "train_time_s": 0.0}
         self.metric_lines: list[str] = []  # rank 0: every metrics.jsonl line so far
         self._resume()
+        if self.fsdp is not None and self.detector is not None:  # fed by the FSDP comm
+            self.detector.prepare(self.fsdp.layer_params)
+            self.fsdp.detector = self.detector
         self.logger = RunLogger(
             self.run_dir, config=cfg, wandb=WandbSettings.from_config(cfg["logger"]["wandb"]),
             wandb_id=self.wandb_id) if self.rank == 0 else NullRunLogger()
@@ -132,11 +160,14 @@ class Trainer:
         if loaded is None:
             return
         shared, mine = loaded
-        self.model.load_state_dict(shared["model"])
         # The optimizer's state dict carries its hyperparameters too; this run's config sets
         # them (an allowed config change takes effect; an unchanged one sets the same values).
         hyper = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
-        self.optimizer.load_state_dict(shared["optimizer"])
+        if self.fsdp is not None:
+            sharding.load_full_state(self.model, self.optimizer, shared["model"], shared["optimizer"])
+        else:
+            self.model.load_state_dict(shared["model"])
+            self.optimizer.load_state_dict(shared["optimizer"])
         for group, values in zip(self.optimizer.param_groups, hyper):
             group.update(values)
         self.schedule.load_state_dict(shared["schedule"])
@@ -154,9 +185,13 @@ class Trainer:
 
     def _save(self, epoch: int) -> None:
         shared = None
+        if self.fsdp is not None:  # collective: the whole state, gathered to rank 0
+            model_state, optimizer_state = sharding.full_state(self.model, self.optimizer)
+        elif self.rank == 0:
+            model_state, optimizer_state = self.model.state_dict(), self.optimizer.state_dict()
         if self.rank == 0:
-            shared = {"epoch": epoch, "model": self.model.state_dict(),
-                      "optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict(),
+            shared = {"epoch": epoch, "model": model_state,
+                      "optimizer": optimizer_state, "schedule": self.schedule.state_dict(),
                       "detector": self.detector.state_dict() if self.detector is not None else None,
                       "plan": self.plan, "wandb_id": self.logger.wandb_id, "totals": self.totals,
                       "metric_lines": self.metric_lines,
@@ -183,10 +218,19 @@ class Trainer:
                 record = self._train_epoch(epoch)
                 if self.config_change:
                     record["config_change"] = self.config_change
-                if self.rank == 0:  # rank 0's replica is the one reported, as in the official code
+                # rank 0's replica is the one reported, as in the official code; an FSDP
+                # forward needs every rank (its all-gathers), so there all of them evaluate
+                if self.rank == 0 or self.fsdp is not None:
+                    # another rank's data loaders draw seeds from its random streams: it leaves
+                    # them as it found them, so it trains on what it would under ddp
+                    streams = checkpoint.rng_state() if self.rank != 0 else None
                     self.model.eval()
                     with autocast(self.device, t.precision):
-                        record.update(self.task.evaluate(self.model, t.max_eval_steps))
+                        evaluated = self.task.evaluate(self.model, t.max_eval_steps)
+                    if self.rank == 0:
+                        record.update(evaluated)
+                    else:
+                        checkpoint.set_rng_state(streams)
                 record.update(self._end_epoch(epoch))
                 if self.rank == 0:  # only rank 0 evaluated
                     self.metric_lines.append(self.logger.log_epoch(record))
@@ -269,6 +313,8 @@ class Trainer:
         lr = self.epoch_lr(epoch) * self.plan.lr_scale
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        if self.fsdp is not None:  # the levels its backward passes reduce at
+            self.reducer.set_levels(self.plan.levels)
         self.model.train()
         self.task.start_epoch(self.model, micro)
 
@@ -284,7 +330,7 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         step_losses = torch.zeros(steps_total, dtype=torch.float64, device=self.device)
         steps = skipped = 0
-        compute_s = comm_s = 0.0
+        clock = PhaseClock(self.device)  # no host sync per step on CUDA (engine/clock.py)
         _sync(self.device)
         epoch_start = time.perf_counter()
         batches = iter(self.task.train_batches(epoch, micro))
@@ -292,18 +338,17 @@ class Trainer:
             if signum := self._max_over_ranks(stop.requested()):  # all ranks stop after one step
                 bar.close()
                 raise _StopRequested(signum, epoch, steps)
-            (step_loss, grads, overflow), local_s = self._timed(self._local_gradient, batches, accum)
+            step_loss, grads, overflow = clock.timed("compute", self._local_gradient, batches, accum)
             if grads is None:
                 break
             if overflow:  # fp16: skipped on every rank, the loss scale halved
                 skipped += 1
-                compute_s += local_s
             else:
-                stats, reduce_s = self._timed(self.reducer.reduce, grads, self.plan.levels)
-                _, update_s = self._timed(self._update, grads)
-                compute_s += local_s + update_s
-                comm_s += reduce_s
-                comm += stats
+                if self.fsdp is None:
+                    comm += clock.timed("comm", self.reducer.reduce, grads, self.plan.levels)
+                else:  # reduced during backward: its time is in the compute phase
+                    comm += self.fsdp.pop_stats()
+                clock.timed("compute", self._update, grads)
             loss_sum += step_loss
             step_losses[steps] = step_loss
             steps += 1
@@ -311,6 +356,8 @@ class Trainer:
             if not bar.disable:  # the bar alone pays a sync per step, and only when shown
                 bar.set_postfix(loss=f"{step_loss.item():.3f}")
         bar.close()
+        phases = clock.totals()
+        compute_s, comm_s = phases.get("compute", 0.0), phases.get("comm", 0.0)
         epoch_time = time.perf_counter() - epoch_start
         train_loss = loss_sum.item() / max(steps, 1)
         self._check_finite(epoch, train_loss, step_losses[:steps])
@@ -326,13 +373,6 @@ class Trainer:
                 "allgathers": comm.allgathers, "epoch_time_s": epoch_time,
                 "compute_time_s": compute_s, "comm_time_s": comm_s}
 
-    def _timed(self, work, *args):
-        """work(*args) and its seconds, the device synchronised before the clock stops."""
-        start = time.perf_counter()
-        out = work(*args)
-        _sync(self.device)
-        return out, time.perf_counter() - start
-
     def _local_gradient(self, batches, accum: int):
         """This worker's step loss, gradient (None when the data ran out) over `accum`
         micro-batches, clipped under clip_point=local (the detector sees it uncompressed), and
@@ -340,7 +380,11 @@ class Trainer:
         for p in self.params:
             p.grad = None
         step_loss, got = torch.zeros((), dtype=torch.float64, device=self.device), 0
-        for batch in batches:
+        micro_batches = (((batch, None) for batch in batches) if self.fsdp is None
+                         else _marking_last(batches, accum))
+        for batch, last in micro_batches:
+            if self.fsdp is not None:  # only the step's last backward reduces
+                self.model.set_requires_gradient_sync(last)
             with autocast(self.device, self.settings.precision):
                 loss = self.task.loss(self.model, batch)
             scaled = loss if self.scaler is None else self.scaler.scaled(loss)
@@ -355,9 +399,10 @@ class Trainer:
         if self.scaler is not None and self.scaler.unscale(grads, self._max_over_ranks):
             return step_loss, grads, True
         clip = self.optim.clip_grad_norm
-        if clip and self.optim.clip_point == "local":  # p.grad is still this worker's own gradient
+        if clip and self.optim.clip_point == "local" and self.fsdp is None:  # p.grad is still
+            # this worker's own gradient (under FSDP the comm clipped it, before reducing)
             torch.nn.utils.clip_grad_norm_(self.params, clip)
-        if self.detector is not None:
+        if self.detector is not None and self.fsdp is None:  # FSDP's comm fed it in backward
             self.detector.accumulate([grads[i] for i in self.compressible])
         return step_loss, grads, False
 
@@ -387,5 +432,6 @@ class Trainer:
             info.update(critical_layers=decided["critical_layers"], critical_model=decided["critical_model"],
                         next_levels=decided["levels"],
                         detector=self.detector.report if self.detector is not None else None)
-        self.plan = broadcast_from_rank0(decision)  # the schedule's own state lives on rank 0 only
+        # the schedule's own state lives on rank 0 only
+        self.plan = broadcast_from_rank0(decision, group=self._control_group)
         return info

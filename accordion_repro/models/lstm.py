@@ -58,4 +58,7 @@ class LSTMLanguageModel(nn.Module):
     def init_hidden(self, batch_size: int) -> Hidden:
         weight = self.encoder.weight
         shape = (self.num_layers, batch_size, self.hidden_size)
-        return (weight.new_zeros(shape), weight.new_zeros(shape))
+        # plain tensors on the weight's device (under FSDP the weight is a sharded DTensor
+        # between forwards, and new_zeros would make the hidden state one too)
+        return (torch.zeros(shape, dtype=weight.dtype, device=weight.device),
+                torch.zeros(shape, dtype=weight.dtype, device=weight.device))
