@@ -1,14 +1,18 @@
-"""Accordion on your own DistributedDataParallel or FSDP2 (fully_shard) model, in one object.
+"""Accordion (and its successors) on your own DistributedDataParallel or FSDP2 (fully_shard)
+model, in one object.
 
     acc = Accordion(ddp_model, compressor="powersgd", low=2, high=1, eta=0.5, interval=10)
+    # or LGreCo(ddp_model, r0=2), LGreCoAccordion(ddp_model, r0=2, low=2, high=1),
+    # PhaseRule(ddp_model, boundaries=[0.5], splits=[10000], levels=[[2, 2], [2, 1]],
+    #           total_epochs=30), any of them with compressor="acp_powersgd"
     for epoch in range(epochs):
         ...                                          # train as usual: forward, backward, step
         acc.end_epoch(epoch, lr_now, lr_next)        # every rank, at the end of each epoch
 
 The object registers the Accordion hook on the model (comm/ddp_hook.py; for a fully_shard model,
-each unit's custom reduce-scatter, comm/fsdp.py, docs/fsdp.md), feeds rank 0's
-detector each bucket's (unit's) *local* gradients before they are reduced (after backward() p.grad holds
-the averaged, compressed gradient, which would change the decisions), applies the schedule's
+each unit's custom reduce-scatter, comm/fsdp.py, docs/fsdp.md), feeds rank 0's detector each
+bucket's (unit's) *local* gradients before they are reduced (after backward() p.grad holds the
+averaged, compressed gradient, which would change the decisions), applies the schedule's
 initial plan (every layer at `low`), and at the end of an epoch lets rank 0 decide, broadcasts
 the decision and applies the plan on every rank. It is what the suite's trainer does in its
 own loop (engine/trainer.py; docs/compressors.md says why that loop stays separate).
@@ -26,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from .accordion import DetectorSettings, Plan, build_schedule
+from .accordion import SCHEDULES, DetectorSettings, Plan, build_schedule
 from .comm import level_option
 from .comm.collectives import broadcast_object
 from .comm.config import SETTINGS as COMPRESSOR_SETTINGS
@@ -56,87 +60,119 @@ PASSED_OPTIONS = tuple(sorted({option for name in ADAPTABLE
                                for option in _compressor_options(name, level_option(name))}))
 
 
-def _in_callers_words(exc: ConfigError, level: str) -> ConfigError:
-    """A ConfigError of the pieces underneath, naming Accordion's own argument, not a config key
+def _schedule_arguments(schedule: str) -> tuple[str, ...]:
+    """The schedule's own keywords (the detector's come apart), in their Settings' order."""
+    return tuple(o for o in SCHEDULES[schedule].options() if o not in DETECTOR_OPTIONS)
+
+
+def _in_callers_words(exc: ConfigError, level: str, level_from: str,
+                      arguments: tuple[str, ...]) -> ConfigError:
+    """A ConfigError of the pieces underneath, naming the object's own argument, not a config key
     (`compressor.ratio` is `low`, `schedule.high` is `high`, `schedule.eta` is `eta`)."""
-    names = {f"compressor.{level}": "low", "schedule.low": "low", "schedule.high": "high"}
+    names = {f"compressor.{level}": level_from,
+             **{f"schedule.{argument}": argument for argument in arguments}}
     argument = names.get(exc.key, exc.key.split(".")[-1])
     message = str(exc).removeprefix(f"{exc.key}: ")
-    for key, name in names.items():
+    for key, name in sorted(names.items(), key=lambda item: -len(item[0])):
         message = message.replace(key, name)
     return ConfigError(argument, message)
 
 
-class Accordion:
-    """Adaptive per-layer compression for a DistributedDataParallel or fully_shard model.
+class AdaptiveCompression:
+    """One object on a DistributedDataParallel or fully_shard model: the hook, rank 0's
+    measurement, the schedule; per-layer levels decided at the end of each epoch and applied on
+    every rank.
 
-    `low` is the level inside critical regimes (PowerSGD rank, or Top-K kept fraction) and
-    `high` the level outside them; `eta`, `interval`, `lr_decay_rule` and `statistic` are the
-    detector's (docs/schedules.md; their defaults are DetectorSettings'). Other keywords go to
-    the compressor (error_feedback, warm_start, seed for PowerSGD; official_topk for Top-K).
-    `async_op` and `check_levels` go to AccordionHookState (comm/ddp_hook.py); `async_op` is
-    DDP's only (an FSDP unit's reduce-scatter is synchronous in FSDP's own stream).
+    A subclass names its schedule (`SCHEDULE`, a key of accordion.SCHEDULES) and which of the
+    schedule's arguments gives the compressor its starting level (`LEVEL_FROM`,
+    `_start_level`). Keywords the schedule takes go to the schedule; the compressor's other
+    options (error_feedback, seed, ...) to the compressor; `async_op` and `check_levels` to
+    AccordionHookState (comm/ddp_hook.py); `async_op` is DDP's only (an FSDP unit's
+    reduce-scatter is synchronous in FSDP's own stream). Every rank must pass the same
+    arguments: one small all-reduce at construction compares them.
     """
 
+    SCHEDULE: str
+    LEVEL_FROM: str  # the argument a message names for the compressor's level
+    TAKES_TOTAL_EPOCHS = False  # only a schedule with epochs as fractions of the run needs it
+
     def __init__(self, ddp_model, compressor: str = "powersgd", *,
-                 low, high, async_op: bool = True, check_levels: bool = True, **options):
+                 async_op: bool = True, check_levels: bool = True,
+                 total_epochs: int | None = None, **options):
+        """`total_epochs`: only for epochs given as fractions of the run (phase_rule)."""
+        who = type(self).__name__
         fsdp = is_fsdp_model(ddp_model)
         if not fsdp and not isinstance(ddp_model, DistributedDataParallel):
-            raise TypeError("Accordion needs the DistributedDataParallel-wrapped model or a "
+            raise TypeError(f"{who} needs the DistributedDataParallel-wrapped model or a "
                             "model wrapped with fully_shard (it hooks their gradient "
                             f"communication), got {type(ddp_model).__name__}")
-        _check_compressor(compressor)
+        _check_compressor(compressor, who)
         option = level_option(compressor)
         passed = _compressor_options(compressor, option)
+        own = _schedule_arguments(self.SCHEDULE)
+        detector_options = [o for o in DETECTOR_OPTIONS
+                            if o in SCHEDULES[self.SCHEDULE].options()]
         if option in options:
-            raise TypeError(f"Accordion() takes no {option}=: low and high set each layer's "
-                            f"{option} (got {option}={options[option]!r})")
-        unknown = sorted(set(options) - set(DETECTOR_OPTIONS) - set(passed))
+            setters = " and ".join(a for a in own if a in ("low", "high")) or "the schedule"
+            raise TypeError(f"{who}() takes no {option}=: {setters} set each "
+                            f"layer's {option} (got {option}={options[option]!r})")
+        unknown = sorted(set(options) - set(own) - set(detector_options) - set(passed))
         if unknown:
+            detector_text = (f"the detector's {', '.join(detector_options)} and "
+                             if detector_options else "")
             raise TypeError(
-                f"Accordion() got an unexpected keyword argument {unknown[0]!r}; it takes low, "
-                f"high, async_op, check_levels, the detector's {', '.join(DETECTOR_OPTIONS)} "
-                f"and {compressor}'s {', '.join(passed)}")
-        detector = {name: options.pop(name) for name in DETECTOR_OPTIONS if name in options}
-        # Every rank must pass the same arguments (checked below, once, across the ranks).
-        # The same names, in the same order, on every rank, whatever the compressor.
+                f"{who}() got an unexpected keyword argument {unknown[0]!r}; it "
+                f"takes {', '.join(own)}, async_op, check_levels, {detector_text}"
+                f"{compressor}'s {', '.join(passed)}")
+        schedule_options = {name: options.pop(name) for name in [*own, *detector_options]
+                            if name in options}
+        # Every rank must pass the same arguments (checked below, once, across the ranks):
+        # the same names, in the same order, on every rank, whatever the compressor.
         compressor_defaults = defaults_of(COMPRESSOR_SETTINGS[compressor])
-        arguments = {"compressor": compressor, "low": low, "high": high, "async_op": async_op,
-                     "check_levels": check_levels, **defaults_of(DetectorSettings), **detector,
+        schedule_defaults = defaults_of(SCHEDULES[self.SCHEDULE].Settings)
+        arguments = {"compressor": compressor,
+                     **{name: schedule_options.get(name, schedule_defaults.get(name))
+                        for name in [*own, *detector_options]},
+                     "async_op": async_op, "check_levels": check_levels,
+                     **({"total_epochs": total_epochs} if self.TAKES_TOTAL_EPOCHS else {}),
                      **{name: options.get(name, compressor_defaults.get(name))
                         for name in PASSED_OPTIONS}}
-        self.lr_drop = _lr_drop(detector.get("lr_decay_rule", True))
-        if "lr_decay_rule" in detector:  # the detector's rule fires on any drop it is shown
-            detector["lr_decay_rule"] = self.lr_drop is not None
-        options = {option: low, **options}
+        # lr_decay_rule, for a schedule driven by Accordion's detector: True, False or a
+        # relative drop (the detector itself is shown only the drops that count).
+        self.lr_drop = (_lr_drop(schedule_options.get("lr_decay_rule", True))
+                        if "lr_decay_rule" in detector_options else None)
+        if "lr_decay_rule" in schedule_options:
+            schedule_options["lr_decay_rule"] = self.lr_drop is not None
         try:
-            Options("Accordion", {"check_levels": check_levels}).flag("check_levels")
+            Options(who, {"check_levels": check_levels}).flag("check_levels")
+            start = {option: self._start_level(schedule_options), **options}
             # AccordionHookState refuses an async_op that is not a bool ("no" is truthy).
             # The level check runs in this object's forward pre-hook instead (below), where a
             # rank that calls end_epoch alone meets it before any gradient collective.
             if fsdp:
                 self.state = FSDPReducerState(ddp_model, compressor, check_levels=False,
-                                              align_blocks=True,
-                                              **options)
+                                              align_blocks=True, **start)
                 group = self.state.group
             else:
                 group = ddp_model.process_group
                 self.state = AccordionHookState(ddp_model.module, compressor, group=group,
                                                 async_op=async_op, check_levels=False,
-                                                **options)
+                                                **start)
             world_size = dist.get_world_size(group)
             self.schedule = build_schedule(
-                "accordion", num_layers=len(self.state.layer_names), compressor=compressor,
-                default_level=options[option], base_global_batch=None,
-                world_size=world_size, low=low, high=high, **detector)
+                self.SCHEDULE, num_layers=len(self.state.layer_names), compressor=compressor,
+                default_level=start[option], base_global_batch=None, world_size=world_size,
+                total_epochs=total_epochs, layer_shapes=self.state.reducer.matrix_shapes,
+                **schedule_options)
         except ConfigError as exc:
-            raise _in_callers_words(exc, option) from None
-        _check_same_on_every_rank(arguments, self.state.reducer)
+            raise _in_callers_words(exc, option, self.LEVEL_FROM, own) from None
+        _check_same_on_every_rank(arguments, self.state.reducer, who)
         self.rank = dist.get_rank(group)
         self._src = dist.get_global_rank(group, 0)  # the group's rank 0 decides
         self.check_levels = check_levels
         if compressor == "topk" and self.rank == 0:
-            _warn_above_break_even({"low": low, "high": high}, world_size)
+            _warn_above_break_even({k: v for k, v in schedule_options.items()
+                                    if k in ("low", "high")}, world_size)
         # Rank 0's local gradients decide, as in the paper's code; the other ranks skip the sums.
         self.detector = self.schedule.make_detector() if self.rank == 0 else None
         if self.detector is not None:
@@ -155,6 +191,10 @@ class Accordion:
             ddp_model.register_comm_hook(self.state, accordion_hook)
         if self.check_levels:  # before FSDP's own pre-forward hook (its all-gather) too
             ddp_model.register_forward_pre_hook(self._check_before_forward, prepend=fsdp)
+
+    def _start_level(self, schedule_options: dict):
+        """The compressor's level before the first plan (each subclass's own argument)."""
+        return schedule_options.get(self.LEVEL_FROM)
 
     @torch.compiler.disable
     def _check_before_forward(self, module, args) -> None:
@@ -200,22 +240,29 @@ class Accordion:
         """Decide the levels from epoch + 1 on; call it on every rank at the end of `epoch`.
 
         `lr_now` is the learning rate used during `epoch`, `lr_next` the one scheduled for
-        epoch + 1 (a decay between them sends every layer to `low`). Rank 0's detector decides;
-        the decision is broadcast and every rank's schedule turns it into the same plan.
+        epoch + 1 (for Accordion's detector a decay between them sends every layer to `low`).
+        Rank 0's measurement (the detector's flags, L-GreCo's error table) is broadcast on the
+        control group and every rank's schedule turns it into the same plan; a schedule that
+        measures nothing (phase_rule) plans from the epoch alone.
         """
         if self.check_levels:  # every rank is here, at the same epoch (one line if not)
             check_agreement(self.state.reducer, ending_epoch=epoch)
         decision = None
         if self.detector is not None:
             # A drop below lr_decay_rule's threshold is not shown to the detector as a decay.
-            shown_next = lr_next if self._counts_as_decay(lr_now, lr_next) else lr_now
-            critical = self.detector.end_epoch(epoch, lr_now, shown_next)
-            decision = {"critical": critical, "report": self.detector.report}
-            self._warn_if_continuous(epoch, lr_now, lr_next)
-        decision = broadcast_object(decision, src=self._src, group=self._control)
-        self.plan = self.schedule.on_epoch_end(epoch, decision["critical"])
+            shown_next = lr_next
+            if "lr_decay_rule" in self.schedule.options():
+                shown_next = lr_next if self._counts_as_decay(lr_now, lr_next) else lr_now
+            measured = self.detector.end_epoch(epoch, lr_now, shown_next)
+            decision = {"measured": measured, "report": self.detector.report}
+            if self.lr_drop is not None:
+                self._warn_if_continuous(epoch, lr_now, lr_next)
+        if self.schedule.needs_detector:
+            decision = broadcast_object(decision, src=self._src, group=self._control)
+        measured, report = (decision["measured"], decision["report"]) if decision else (None, {})
+        self.plan = self.schedule.on_epoch_end(epoch, measured)
         self.state.set_levels(self.plan.levels)
-        self.report = {**decision["report"], "uncompressed_layers": self.uncompressed_layers,
+        self.report = {**report, "uncompressed_layers": self.uncompressed_layers,
                        "error_memory_bytes": self.state.reducer.memory_bytes()}
         return self.plan
 
@@ -229,13 +276,14 @@ class Accordion:
         """Rank 0, once: the rule fired at two epochs in a row. A step schedule decays a few
         times in a run; a continuous one (cosine, exponential, linear) lowers the LR every
         epoch, and with lr_decay_rule=True every layer would stay at `low` for good."""
-        if not self.detector.report["lr_rule_fired"]:
+        if not self.detector.report.get("lr_rule_fired"):
             return
         if self._fired_at == epoch - 1 and self.lr_drop == 0.0 and not self._warned_continuous:
             self._warned_continuous = True
             warnings.warn(
-                f"Accordion: the LR dropped at the end of epochs {epoch - 1} and {epoch} (now "
-                f"{lr_now:.4g} -> {lr_next:.4g}, {100 * (lr_now - lr_next) / lr_now:.2g} %): "
+                f"{type(self).__name__}: the LR dropped at the end of epochs {epoch - 1} and "
+                f"{epoch} (now {lr_now:.4g} -> {lr_next:.4g}, "
+                f"{100 * (lr_now - lr_next) / lr_now:.2g} %): "
                 "lr_decay_rule=True counts every drop as a decay and holds every layer at low "
                 "in the epoch after it, so a continuous schedule (cosine, exponential, linear) "
                 "never compresses at high; pass lr_decay_rule=0.5 (a drop of half or more "
@@ -279,17 +327,90 @@ class Accordion:
         self.state.set_level(layer_name, level)
 
 
-def _check_compressor(compressor) -> None:
+class Accordion(AdaptiveCompression):
+    """Adaptive per-layer compression for a DistributedDataParallel model.
+
+    `low` is the level inside critical regimes (PowerSGD rank, or Top-K kept fraction) and
+    `high` the level outside them; `eta`, `interval`, `lr_decay_rule` and `statistic` are the
+    detector's (docs/schedules.md; their defaults are DetectorSettings'). Other keywords go to
+    the compressor (error_feedback, warm_start, seed for PowerSGD; official_topk for Top-K).
+    `async_op` and `check_levels` go to AccordionHookState (comm/ddp_hook.py).
+    """
+
+    SCHEDULE = "accordion"
+    LEVEL_FROM = "low"
+
+    def __init__(self, ddp_model: DistributedDataParallel, compressor: str = "powersgd", *,
+                 low, high, async_op: bool = True, check_levels: bool = True, **options):
+        super().__init__(ddp_model, compressor, low=low, high=high, async_op=async_op,
+                         check_levels=check_levels, **options)
+
+
+class LGreCo(AdaptiveCompression):
+    """L-GreCo's per-layer ranks (schedule=lgreco): each epoch, the ranks of least size whose
+    summed error is at most alpha x that of rank `r0` everywhere, from rank 0's error table of
+    candidates floor(gamma r0)..ceil(beta r0). Keywords: r0, gamma, beta, alpha, bins; the
+    compressor's (powersgd or acp_powersgd) other options."""
+
+    SCHEDULE = "lgreco"
+    LEVEL_FROM = "r0"
+
+    def __init__(self, ddp_model: DistributedDataParallel, compressor: str = "powersgd", *,
+                 r0: int, async_op: bool = True, check_levels: bool = True, **options):
+        super().__init__(ddp_model, compressor, r0=r0, async_op=async_op,
+                         check_levels=check_levels, **options)
+
+
+class LGreCoAccordion(AdaptiveCompression):
+    """L-GreCo + Accordion (schedule=lgreco_accordion): Accordion's detector picks `low` or
+    `high` per layer, and the error of that choice (times alpha) is L-GreCo's budget."""
+
+    SCHEDULE = "lgreco_accordion"
+    LEVEL_FROM = "low"
+
+    def __init__(self, ddp_model: DistributedDataParallel, compressor: str = "powersgd", *,
+                 r0: int, low: int, high: int, async_op: bool = True, check_levels: bool = True,
+                 **options):
+        super().__init__(ddp_model, compressor, r0=r0, low=low, high=high, async_op=async_op,
+                         check_levels=check_levels, **options)
+
+
+class PhaseRule(AdaptiveCompression):
+    """The zero-cost phase/size rule (schedule=phase_rule): levels[phase][size group], phases
+    starting at `boundaries` (epochs, or fractions of `total_epochs`), size groups at `splits`
+    (entries of a layer). No measurement and no broadcast at the end of an epoch."""
+
+    SCHEDULE = "phase_rule"
+    LEVEL_FROM = "levels"
+    TAKES_TOTAL_EPOCHS = True
+
+    def __init__(self, ddp_model: DistributedDataParallel, compressor: str = "powersgd", *,
+                 boundaries, splits, levels, total_epochs: int | None = None,
+                 async_op: bool = True, check_levels: bool = True, **options):
+        super().__init__(ddp_model, compressor, boundaries=boundaries, splits=splits,
+                         levels=levels, total_epochs=total_epochs, async_op=async_op,
+                         check_levels=check_levels, **options)
+
+    def _start_level(self, schedule_options: dict):
+        """The table's first entry; the schedule's own plan replaces it before any step."""
+        table = schedule_options.get("levels")
+        try:
+            return table[0][0]
+        except (TypeError, IndexError, KeyError):
+            return None  # the schedule's check names what is wrong with the table
+
+
+def _check_compressor(compressor, who: str = "Accordion") -> None:
     """Only compressors with a level to adapt; an unknown name gets the valid ones."""
     if compressor in ADAPTABLE:
         return
-    valid = " or ".join(map(repr, ADAPTABLE))
+    valid = ", ".join(map(repr, ADAPTABLE[:-1])) + f" or {ADAPTABLE[-1]!r}"
     if compressor in COMPRESSOR_SETTINGS:
         raise ConfigError("compressor", f"{compressor!r} has no compression level to adapt; "
-                                        f"Accordion takes {valid}")
+                                        f"{who} takes {valid}")
     close = difflib.get_close_matches(str(compressor).lower(), ADAPTABLE, n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise ConfigError("compressor", f"unknown compressor {compressor!r}: Accordion takes {valid} "
+    raise ConfigError("compressor", f"unknown compressor {compressor!r}: {who} takes {valid} "
                                     f"(PowerSGD ranks or Top-K kept fractions){hint}")
 
 
@@ -311,7 +432,7 @@ def _fingerprint(value) -> int:
     return zlib.crc32(text.encode())
 
 
-def _check_same_on_every_rank(arguments: dict, reducer) -> None:
+def _check_same_on_every_rank(arguments: dict, reducer, who: str = "Accordion") -> None:
     """One small all-reduce at construction: every rank passed the same arguments. A rank
     with another `high` would otherwise train alike until the levels first diverge, and a
     rank with another `seed` would average unrelated Q's without any error."""
@@ -320,7 +441,7 @@ def _check_same_on_every_rank(arguments: dict, reducer) -> None:
     names = [name for name, different in zip(arguments, differ) if different]
     if names:
         also = f" (also {', '.join(names[1:])})" if names[1:] else ""
-        raise ConfigError(names[0], f"the ranks passed Accordion different values{also}; rank "
+        raise ConfigError(names[0], f"the ranks passed {who} different values{also}; rank "
                                     f"{reducer.comm.rank} passed {arguments[names[0]]!r}: every "
                                     "rank must pass the same arguments")
 
@@ -366,4 +487,5 @@ def _warn_above_break_even(levels: dict[str, float], world_size: int) -> None:
                 f"{break_even:g} (1 / (2 x world size))", AccordionWarning, stacklevel=3)
 
 
-__all__ = ["Accordion", "AccordionWarning", "lr_now_and_next"]
+__all__ = ["AdaptiveCompression", "Accordion", "LGreCo", "LGreCoAccordion", "PhaseRule",
+           "AccordionWarning", "lr_now_and_next"]

@@ -131,6 +131,13 @@ LONG_EXTRA = CIFAR_PRESETS[4:7]
 # Then Figure 2 (b)'s control arms (the earliest and random non-critical epochs, as many as
 # the inside arm's) and the detector ablation, seed by seed.
 LONG_CONTROLS = ["fig2/resnet18_high_earliest", "fig2/resnet18_high_random", *ABLATION]
+
+# Accordion's successors (analysis/layout.py SUCCESSORS), queued after the study's own runs for
+# every seed: L-GreCo (r0 = 2, ranks 1..4, alpha 1), L-GreCo + Accordion 2<->1, ACP-SGD rank 2
+# and the phase rule tuned to Accordion's average floats; compared with LONG_CORE's Accordion
+# and rank-2 runs of the same seeds ("Accordion and its successors", results/tables/successors.md).
+LONG_SUCCESSORS = ["successors/resnet18_lgreco", "successors/resnet18_lgreco_accordion",
+                   "successors/resnet18_acp_powersgd", "successors/resnet18_phase_rule"]
 FIG2_REFERENCE = "table1/resnet18_powersgd_static_low"
 FIG2_ARMS = {"fig2/resnet18_high_inside": "inside", "fig2/resnet18_high_outside": "outside",
              "fig2/resnet18_high_earliest": "earliest", "fig2/resnet18_high_random": "random"}
@@ -195,6 +202,7 @@ def run_order(study: str, seeds: list[int], patterns: list[str]) -> list[tuple[s
         order = [(p, s) for s in seeds for p in LONG_CORE]
         order += [(p, s) for s in seeds for p in LONG_EXTRA]
         order += [(p, s) for s in seeds for p in LONG_CONTROLS]
+        order += [(p, s) for s in seeds for p in LONG_SUCCESSORS]
     elif study == "cpu_full":
         order = [(p, s) for s in seeds[:2] for p in FULL_CORE]
         order += [(p, seeds[0]) for p in FULL_EXTRA]

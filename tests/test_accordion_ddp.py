@@ -647,10 +647,12 @@ def test_mistyped_arguments_and_ranks_that_disagree_are_refused_at_construction(
     for rank, out in enumerate(run_workers(_construction_worker, tmp_path, timeout=120)):
         assert out["async_op"] == "ConfigError: async_op: must be true or false, got 'no'"
         assert out["PowerSGD"] == ("ConfigError: compressor: unknown compressor 'PowerSGD': "
-                                   "Accordion takes 'powersgd' or 'topk' (PowerSGD ranks or "
-                                   "Top-K kept fractions); did you mean 'powersgd'?")
+                                   "Accordion takes 'acp_powersgd', 'powersgd' or 'topk' "
+                                   "(PowerSGD ranks or Top-K kept fractions); did you mean "
+                                   "'powersgd'?")
         assert out["none"] == ("ConfigError: compressor: 'none' has no compression level to "
-                               "adapt; Accordion takes 'powersgd' or 'topk'")
+                               "adapt; Accordion takes 'acp_powersgd', 'powersgd' or "
+                               "'topk'")
         assert out["high"] == (f"ConfigError: high: the ranks passed Accordion different values; "
                                f"rank {rank} passed {1 + rank}: every rank must pass the same "
                                "arguments")

@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from accordion_repro.accordion import build_schedule
-from accordion_repro.analysis.layout import FIGURES, TABLES, all_presets
+from accordion_repro.analysis.layout import COMPARISONS, FIGURES, TABLES, all_presets
 from accordion_repro.comm import build_reducer
 from accordion_repro.config import compressor_level, validate, world_size_of
 from accordion_repro.engine.lr import build_epoch_lr, decay_epochs
@@ -22,6 +22,10 @@ from conftest import CONF_DIR, compose_cfg, read_metrics, read_summary, train
 EXPERIMENT_DIR = CONF_DIR / "experiment"
 CELLS = {cell.preset: cell for table in TABLES.values() for cell in table.cells}
 CELLS.update({cell.preset: cell for figure in FIGURES.values() for cell in figure.cells})
+# the comparison tables' own presets (the cells they borrow are another table's, above)
+COMPARED = {cell.preset: cell for spec in COMPARISONS.values() for cell in spec.cells
+            if cell.table == spec.id}
+CELLS.update(COMPARED)
 PRESETS = all_presets()
 SYNTHETIC = {"cifar10": "synthetic_cifar10", "cifar100": "synthetic_cifar100",
              "wikitext2": "synthetic_text"}
@@ -105,7 +109,8 @@ def build_pieces(c: dict):
     schedule = build_schedule(sched.pop("name"), num_layers=reducer.num_compressible,
                               compressor=comp_name, default_level=compressor_level(comp_name, comp),
                               base_global_batch=c["trainer"]["batch_size"] * world,
-                              world_size=world, total_epochs=c["trainer"]["epochs"], **sched)
+                              world_size=world, total_epochs=c["trainer"]["epochs"],
+                              layer_shapes=reducer.matrix_shapes, **sched)
     return model, reducer, schedule
 
 
@@ -139,6 +144,9 @@ def test_preset_fills_its_cell(preset):
     assert (c["model"]["name"], c["dataset"]["name"]) == (cell.model, cell.dataset)
     assert c["compressor"]["name"] == cell.compressor
     assert c["scale"]["name"] == "paper"
+    if preset in COMPARED:  # a successor's method: its schedule, at table 1's rank 2
+        assert c["schedule"]["name"] == cell.schedule and c["compressor"]["rank"] == 2
+        return
     levels = preset_levels(c)
     if cell.method == "dense":
         assert levels == (None, None) and c["schedule"]["name"] == "static"
@@ -177,6 +185,20 @@ def preset_levels(c: dict) -> tuple:
         return (base_batch, base_batch) if c["run"]["method"] != "dense" else (None, None)
     level = compressor_level(comp["name"], comp)
     return level, level
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scale", ["paper", "cpu", "cpu_full", "cpu_long"])
+@pytest.mark.parametrize("preset", sorted(COMPARED))
+def test_comparison_presets_compose_and_build_at_every_scale(preset, scale):
+    """The successors' presets at every scale: composed, and their reducer and schedule built
+    over the model's real layers (the schedules weigh layers by their shapes)."""
+    c = composed(preset, scale)
+    assert c["scale"]["name"] == scale and c["run"]["table"] == "successors"
+    _, reducer, schedule = build_pieces(c)
+    levels = schedule.initial_plan().levels  # None: the compressor's own rank everywhere
+    assert levels is None or len(levels) == reducer.num_compressible
+    assert reducer.floats_per_step(levels) > 0
 
 
 # ---- paper scale: the official values ----------------------------------------------------------

@@ -40,6 +40,12 @@ def test_several_only_patterns_run_pattern_by_pattern_each_run_once():
     assert len(presets) == len(set(presets)) == (len(script.FULL_CORE) + len(script.FULL_EXTRA)
                                                  + len(script.ETA_SWEEP) + len(script.PRECISION_CHECK))
     assert script.run_order("cpu_full", [42], ["*"]) == script.run_order("cpu_full", [42], ["*", "*"])
+    # cpu_long: its core, the extra cells, Figure 2 (b)'s control arms with the ablation, then
+    # the successors, each group for every seed; the eta sweep and precision check are cpu_full's
+    long = [p for p, _ in script.run_order("cpu_long", [42, 43], ["*"])]
+    groups = (script.LONG_CORE, script.LONG_EXTRA, script.LONG_CONTROLS, script.LONG_SUCCESSORS)
+    assert long == [p for group in groups for _ in (42, 43) for p in group]
+    assert not set(long) & (set(script.ETA_SWEEP) | set(script.PRECISION_CHECK))
 
 
 def test_the_whole_cifar_study_runs_each_configuration_once():
@@ -52,6 +58,32 @@ def test_the_whole_cifar_study_runs_each_configuration_once():
     presets = script.FULL_CORE + script.FULL_EXTRA
     assert not set(presets) & set(TWINS)
     assert {TWINS[p] for p in TWINS if "/resnet18_" in p} <= set(script.FULL_CORE)
+
+
+@pytest.mark.slow
+def test_the_successors_are_queued_at_cpu_long_with_the_compared_settings(tmp_path):
+    """L-GreCo r0 = 2 (ranks 1..4, alpha 1), L-GreCo + Accordion 2<->1, ACP-SGD rank 2 and the
+    phase rule, after the study's own runs, for every seed, on the whole CIFAR-10."""
+    from accordion_repro.analysis.layout import SUCCESSORS
+
+    script = _script()
+    assert script.LONG_SUCCESSORS == list(SUCCESSORS.own_presets)
+    order = script.run_order("cpu_long", [42, 43, 44], ["*"])
+    assert order[-12:] == [(p, s) for s in (42, 43, 44) for p in script.LONG_SUCCESSORS]
+    settings = {}
+    for preset in script.LONG_SUCCESSORS:
+        argv = script.command(preset, 42, tmp_path / "data", tmp_path / "out", [], "cpu_long")
+        cfg = compose_cfg([a for a in argv[3:] if not a.startswith("hydra.")])
+        assert cfg.scale.name == "cpu_long" and cfg.dataset.name == "npz"
+        assert cfg.run.name == preset and cfg.run.table == "successors"
+        settings[preset.split("/resnet18_")[1]] = (cfg.compressor.name, cfg.compressor.rank,
+                                                   dict(cfg.schedule))
+    name, rank, lgreco = settings["lgreco"]
+    assert (name, lgreco["r0"], lgreco["gamma"], lgreco["beta"], lgreco["alpha"]) == \
+        ("powersgd", 2, 0.5, 2.0, 1.0)
+    assert (settings["lgreco_accordion"][2]["low"], settings["lgreco_accordion"][2]["high"]) == (2, 1)
+    assert settings["acp_powersgd"][:2] == ("acp_powersgd", 2)
+    assert settings["phase_rule"][2]["name"] == "phase_rule"
 
 
 def _eta_sweep_names():

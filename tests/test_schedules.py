@@ -19,7 +19,10 @@ DETECTOR = dict(eta=0.5, interval=1, lr_decay_rule=True, statistic="mean")
 
 
 def make(name, /, num_layers=3, run=None, **options):
-    return build_schedule(name, num_layers=num_layers, **{**RUN, **(run or {})}, **options)
+    # the (n, m) of each layer, which the size-aware schedules (lgreco, phase_rule) need
+    shapes = {"layer_shapes": [(8, 27 * (i + 1)) for i in range(num_layers)]}
+    return build_schedule(name, num_layers=num_layers, **{**RUN, **shapes, **(run or {})},
+                          **options)
 
 
 def check(name, options, run=None):

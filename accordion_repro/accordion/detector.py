@@ -134,6 +134,11 @@ class CriticalRegimeDetector:
         self._fused = _can_fuse(self._sums, grads)
         self._needs_placement = False
 
+    def epoch_sums(self) -> list[torch.Tensor] | None:
+        """This epoch's per-layer sums so far (live tensors, read-only for callers; None before
+        the first step): L-GreCo measures its error table on them (accordion/lgreco.py)."""
+        return self._sums
+
     # ---- end of epoch ---------------------------------------------------------------------
     def end_epoch(self, epoch: int, lr_now: float, lr_next: float) -> list[bool]:
         """Decide the flags that hold from epoch + 1 on, and start a new epoch sum.

@@ -515,9 +515,12 @@ class RegimeWindowsSchedule(Schedule):
 
 
 # ---- the config-facing entry points of accordion/ -------------------------------------------
+# The successors' schedules build on the classes above, so they are imported only now.
+from .successors import SUCCESSOR_SCHEDULES  # noqa: E402
+
 SCHEDULES: dict[str, type[Schedule]] = {
     cls.name: cls for cls in (StaticSchedule, AccordionSchedule, BatchAccordionSchedule,
-                              JointSchedule, RegimeWindowsSchedule)
+                              JointSchedule, RegimeWindowsSchedule, *SUCCESSOR_SCHEDULES)
 }
 SCHEDULE_NAMES = tuple(SCHEDULES)
 
@@ -551,12 +554,15 @@ def validate_schedule(name, options: Mapping, /, *, compressor: str, world_size:
 
 def build_schedule(name: str, /, *, num_layers: int, compressor: str, default_level,
                    base_global_batch: int, world_size: int, total_epochs: int | None = None,
-                   **options) -> Schedule:
+                   layer_shapes=None, **options) -> Schedule:
     """A ready schedule; the engine gets its detector from `schedule.make_detector()`.
 
     `options` may be the whole schedule config node, `name` included (`**cfg.schedule`).
     `default_level` is the compressor's own level, reported for layers no plan sets.
+    `layer_shapes`: the (n, m) of each compressible layer (the reducer's `matrix_shapes`),
+    needed by the schedules that weigh layers by size (lgreco, lgreco_accordion, phase_rule).
     """
     cls, settings = _parse(name, options, compressor, world_size, total_epochs)
+    shaped = {"layer_shapes": layer_shapes} if hasattr(cls, "layer_shapes_needed") else {}
     return cls(num_layers, settings, default_level=default_level,
-               base_global_batch=base_global_batch)
+               base_global_batch=base_global_batch, **shaped)

@@ -8,9 +8,10 @@ from pathlib import Path
 import pandas as pd
 
 from accordion_repro.analysis.collect import SkippedRunWarning, collect_runs
+from accordion_repro.analysis.comparison import comparison_runs, write_comparison_table
 from accordion_repro.analysis.consistency import check_one_configuration
 from accordion_repro.analysis.costmodel import check_workers, resolve_network
-from accordion_repro.analysis.layout import FIGURES, TABLES, TWINS, run_command
+from accordion_repro.analysis.layout import COMPARISONS, FIGURES, TABLES, TWINS, run_command
 from accordion_repro.analysis.paired import write_paired_table, write_table_paired
 from accordion_repro.analysis.summarize import summarize_runs
 from accordion_repro.analysis.tables import write_table
@@ -30,9 +31,10 @@ def build_all(runs_dir: str | Path = "results/runs", out_dir: str | Path = "resu
               net: str = "10gbit", workers: int | None = None,
               figures: bool = True) -> dict[str, list[Path]]:
     """Write results/tables/table{1..6}.{md,tex,csv}, fig2_paired.{md,csv} (Figure 2 (b)'s
-    final accuracies by seed and paired differences with their statistics) and the same for
-    the cells of PAIRED_TABLES (<table>_paired.{md,csv}), results/figures/fig{2,9,10}.{png,pdf}
-    and <table>_tradeoff.{png,pdf}, each figure once per scale (_by_scale); returns {output
+    final accuracies by seed and paired differences with their statistics), the same for the
+    cells of PAIRED_TABLES (<table>_paired.{md,csv}) and successors.{md,csv} (Accordion and its
+    successors, analysis/comparison.py), results/figures/fig{2,9,10}.{png,pdf} and
+    <table>_tradeoff.{png,pdf}, each figure once per scale (_by_scale); returns {output
     name: written paths}. Missing runs never fail the build: tables list the presets to run,
     figures without runs are skipped with a MissingFigureWarning; runs of one cell that are not
     one configuration stop it before anything is written (MixedCellError). figures=False
@@ -45,8 +47,9 @@ def build_all(runs_dir: str | Path = "results/runs", out_dir: str | Path = "resu
     runs = summarize_runs(frame, net=net, workers=workers)
     table_runs = {table_id: _table_runs(runs, table_id) for table_id in TABLES}
     figure_runs = {figure_id: _figure_runs(frame, figure_id) for figure_id in FIGURES}
+    compared = {spec_id: comparison_runs(spec, runs) for spec_id, spec in COMPARISONS.items()}
     configs: dict[str, dict] = {}  # before anything is written: a mixed cell stops the build
-    for owner, owned in (*table_runs.items(), *figure_runs.items()):
+    for owner, owned in (*table_runs.items(), *figure_runs.items(), *compared.items()):
         check_one_configuration(runs_dir, owned, owner, configs)
     written: dict[str, list[Path]] = {}
     for table_id, spec in TABLES.items():
@@ -56,8 +59,28 @@ def build_all(runs_dir: str | Path = "results/runs", out_dir: str | Path = "resu
     for table_id in PAIRED_TABLES:
         written[f"{table_id}_paired"] = write_table_paired(
             TABLES[table_id], _table_epochs(frame, table_id), out_dir / "tables")
+    for spec_id, spec in COMPARISONS.items():
+        written[spec_id] = write_comparison_table(spec, compared[spec_id], out_dir / "tables")
     if figures:
         written.update(_write_figures(frame, table_runs, figure_runs, out_dir / "figures"))
+        written.update(_write_comparison_figures(frame, compared, out_dir / "figures"))
+    return written
+
+
+def _write_comparison_figures(frame: pd.DataFrame, compared: dict[str, pd.DataFrame],
+                              out_dir: Path) -> dict[str, list[Path]]:
+    """<comparison>_tradeoff.{png,pdf} for each comparison table with runs (none without:
+    its table already says which presets to run)."""
+    from accordion_repro.analysis import figures
+    from accordion_repro.analysis.comparison import tradeoff_figure
+
+    written: dict[str, list[Path]] = {}
+    for spec_id, runs in compared.items():
+        if runs.empty:
+            continue
+        spec_frame = frame[frame["run_dir"].isin(runs["run_dir"])]
+        written[f"{spec_id}_tradeoff"] = figures.write_figure(
+            tradeoff_figure(COMPARISONS[spec_id], runs, spec_frame), out_dir, f"{spec_id}_tradeoff")
     return written
 
 

@@ -213,10 +213,65 @@ TWINS: dict[str, str] = {
 }
 
 
+@dataclass(frozen=True)
+class ComparisonCell:
+    """One method of a comparison table; its runs are those with its `run.table` and
+    `run.method` (a cell may borrow another table's preset: its `table` is then that one's)."""
+
+    preset: str
+    table: str               # run.table of the preset's runs
+    model: str
+    dataset: str
+    method: str              # run.method
+    label: str
+    compressor: str
+    schedule: str            # schedule.name
+
+
+@dataclass(frozen=True)
+class ComparisonSpec:
+    """A table of methods trained on the same seeds, each compared with `pairs`' methods seed
+    by seed (the paired differences), and drawn as accuracy against floats."""
+
+    id: str
+    title: str
+    cells: tuple[ComparisonCell, ...]
+    pairs: tuple[str, ...]   # the methods every other one is paired against
+
+    @property
+    def own_presets(self) -> tuple[str, ...]:
+        """The presets written for this table (not borrowed from another)."""
+        return tuple(cell.preset for cell in self.cells if cell.table == self.id)
+
+
+def _successor(method: str, label: str, compressor: str = "powersgd",
+               schedule: str | None = None) -> ComparisonCell:
+    return ComparisonCell(preset=f"successors/resnet18_{method}", table="successors",
+                          model="resnet18", dataset="cifar10", method=method, label=label,
+                          compressor=compressor, schedule=schedule or method)
+
+
+# Accordion's successors run beside Table 1's Accordion 2<->1 and rank-2 runs of the same seeds
+# (docs/schedules.md and docs/compressors.md describe each method).
+SUCCESSORS = ComparisonSpec(
+    "successors", "Accordion and its successors (ResNet-18, CIFAR-10, PowerSGD)",
+    (ComparisonCell("table1/resnet18_powersgd_accordion", "table1", "resnet18", "cifar10",
+                    "accordion", "Accordion 2<->1", "powersgd", "accordion"),
+     ComparisonCell("table1/resnet18_powersgd_static_low", "table1", "resnet18", "cifar10",
+                    "static_low", "Rank 2", "powersgd", "static"),
+     _successor("lgreco", "L-GreCo r0=2 (ranks 1..4, alpha 1)"),
+     _successor("lgreco_accordion", "L-GreCo + Accordion 2<->1"),
+     _successor("acp_powersgd", "ACP-SGD rank 2", compressor="acp_powersgd", schedule="static"),
+     _successor("phase_rule", "Phase rule (Accordion's floats)")),
+    pairs=("accordion", "static_low"))
+COMPARISONS: dict[str, ComparisonSpec] = {SUCCESSORS.id: SUCCESSORS}
+
+
 def all_presets() -> list[str]:
     """Every preset name the tables and figures need, in layout order."""
     names = [cell.preset for table in TABLES.values() for cell in table.cells]
     names += [cell.preset for figure in FIGURES.values() for cell in figure.cells]
+    names += [preset for spec in COMPARISONS.values() for preset in spec.own_presets]
     return names
 
 

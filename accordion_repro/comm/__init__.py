@@ -1,4 +1,4 @@
-"""Gradient reducers: dense all-reduce, PowerSGD and Top-K with per-layer levels.
+"""Gradient reducers: dense all-reduce, PowerSGD, ACP-SGD and Top-K with per-layer levels.
 
 `build_reducer(name, params, group=..., **options)` is what the engine calls, with the options
 of conf/compressor/<name>.yaml. comm/ knows no training loop and no schedule: it takes levels.
@@ -6,6 +6,7 @@ of conf/compressor/<name>.yaml. comm/ knows no training loop and no schedule: it
 
 from __future__ import annotations
 
+from .acp import ACPPowerSGDReducer
 from .base import DenseReducer, Reducer
 from .build import build_reducer
 from .config import compressor_level, level_kind, level_option, validate_compressor
@@ -16,6 +17,6 @@ from .topk import TopKReducer
 
 __all__ = [
     "AccordionHookState", "accordion_hook", "LevelMismatchError", "EpochMismatchError",
-    "CommStats", "Reducer", "DenseReducer", "PowerSGDReducer", "TopKReducer",
+    "CommStats", "Reducer", "DenseReducer", "PowerSGDReducer", "ACPPowerSGDReducer", "TopKReducer",
     "build_reducer", "validate_compressor", "level_kind", "level_option", "compressor_level",
 ]

@@ -7,12 +7,14 @@ from dataclasses import asdict
 
 import torch
 
+from .acp import ACPPowerSGDReducer
 from .base import DenseReducer, Reducer
 from .config import validate_compressor
 from .powersgd import PowerSGDReducer
 from .topk import TopKReducer
 
-_REDUCERS = {"none": DenseReducer, "powersgd": PowerSGDReducer, "topk": TopKReducer}
+_REDUCERS = {"none": DenseReducer, "powersgd": PowerSGDReducer,
+             "acp_powersgd": ACPPowerSGDReducer, "topk": TopKReducer}
 
 
 def build_reducer(name: str, params: Sequence[torch.Tensor], *, group=None, **options) -> Reducer:

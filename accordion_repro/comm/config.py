@@ -40,6 +40,18 @@ class PowerSGDSettings(Settings):
 
 
 @dataclass(frozen=True)
+class ACPPowerSGDSettings(Settings):
+    """ACP-SGD (comm/acp.py): PowerSGD sending P and Q on alternate steps. Always warm-started
+    (the factor kept from the last step is the whole method), so warm_start is no option."""
+
+    SECTION = "compressor"
+    LEVEL: ClassVar[tuple] = ("rank", int)
+    rank: int = option(_level(int))  # per-layer rank unless a schedule sets levels
+    error_feedback: bool = option(Options.flag, default=True)  # M = grad + memory, memory = M - out
+    seed: int = option(Options.integer, minimum=0, default=0)  # seeds the first Q's (conf: ${seed})
+
+
+@dataclass(frozen=True)
 class TopKSettings(Settings):
     SECTION = "compressor"
     LEVEL: ClassVar[tuple] = ("ratio", float)
@@ -49,7 +61,7 @@ class TopKSettings(Settings):
 
 
 SETTINGS: dict[str, type] = {"none": DenseSettings, "powersgd": PowerSGDSettings,
-                             "topk": TopKSettings}
+                             "acp_powersgd": ACPPowerSGDSettings, "topk": TopKSettings}
 
 
 def _settings_class(name) -> type:
@@ -65,7 +77,7 @@ def validate_compressor(name: str, options: Mapping):
 
 
 def level_kind(name: str) -> type | None:
-    """int for PowerSGD ranks, float for Top-K kept fractions, None for dense all-reduce."""
+    """int for (ACP-)PowerSGD ranks, float for Top-K kept fractions, None for dense all-reduce."""
     return _settings_class(name).LEVEL[1]
 
 

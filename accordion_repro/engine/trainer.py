@@ -127,7 +127,7 @@ class Trainer:
             sched_name, num_layers=len(self.compressible), compressor=comp_name,
             default_level=compressor_level(comp_name, comp),
             base_global_batch=t.batch_size * self.world_size, world_size=self.world_size,
-            total_epochs=t.epochs, **sched)
+            total_epochs=t.epochs, layer_shapes=self.reducer.matrix_shapes, **sched)
         self.detector = self.schedule.make_detector() if self.rank == 0 else None
         self.plan: Plan = self.schedule.initial_plan()
 
