@@ -157,8 +157,11 @@ def test_tiny_benchmark_across_a_shaped_link_writes_one_row_per_arm(tmp_path):
     assert ours_async["async_over_sync"] == pytest.approx(
         ours_async["median_ms"] / ours_sync["median_ms"])
     # At rank 1 both hooks compress the same layers: what they count, each its own way, agrees
-    # but for our 16-byte level check.
-    assert ours_async["comm_bytes_per_rank"] == torch_row["comm_bytes_per_rank"] + 16
+    # but for our 16-byte level check and the padding that starts each of our P and Q blocks on
+    # 64 bytes (comm/powersgd.py align_blocks: exact resume across DDP's bucket regrouping),
+    # under 64 bytes per block of ResNet-18's 21 compressed layers.
+    padding = ours_async["comm_bytes_per_rank"] - torch_row["comm_bytes_per_rank"] - 16
+    assert 0 <= padding < 64 * 2 * 21
     assert (tmp_path / "ddp_network.md").exists() and (tmp_path / "ddp_network_raw.json").exists()
     table = subprocess.run([sys.executable, str(SCRIPT), "--table", "--out", str(out)],
                            capture_output=True, text=True, timeout=60, check=True).stdout

@@ -22,7 +22,7 @@ BLOCKED = ("hydra", "omegaconf", "submitit", "wandb")
 @pytest.mark.slow
 def test_make_gpu_check_installs_nothing_and_says_no_gpu_in_one_line():
     # the recipe names no pip and no $(STAMP): the given interpreter runs the script, alone
-    recipe = subprocess.run(["make", "--always-make", "--dry-run", "gpu-check",
+    recipe = subprocess.run(["make", "--no-print-directory", "--always-make", "--dry-run", "gpu-check",
                              f"PYTHON={sys.executable}"], cwd=REPO, capture_output=True,
                             text=True, timeout=60)
     assert recipe.returncode == 0 and recipe.stdout.splitlines() == [

@@ -58,8 +58,9 @@ def test_channels_last_gives_the_same_training_on_two_ranks(tmp_path):
     plain = read_metrics(train([*TINY, *two], tmp_path / "plain"))
     nhwc = read_metrics(train([*TINY, *two, "trainer.channels_last=true"], tmp_path / "nhwc"))
     # the same numbers up to the convolutions' summation order (NHWC kernels differ from NCHW
-    # ones by about 1e-4 relative in the loss here)
-    for a, b, tolerance in zip(plain, nhwc, (1e-3, 3e-3)):
+    # ones by about 1e-4 relative in the loss of epoch 0 on AVX512; the second epoch, trained
+    # from weights that already differ, by up to 0.31 % on an AVX2 CPU)
+    for a, b, tolerance in zip(plain, nhwc, (1e-3, 6e-3)):
         assert abs(a["train_loss"] - b["train_loss"]) <= tolerance * a["train_loss"]
         assert a["floats_sent"] == b["floats_sent"]
 
