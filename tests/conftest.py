@@ -703,3 +703,15 @@ def slurm_cluster():
 def slurm_two_nodes():
     """A running two-node Slurm cluster across two network namespaces (TwoNodeSlurmCluster)."""
     yield from _running_cluster(TwoNodeSlurmCluster)
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A real one-process gloo group, so Accordion can wrap a model in this process (the DDP
+    and FSDP tests' single-process refusals)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -515,17 +515,6 @@ def test_detector_fed_in_parts_sums_exactly_like_whole_steps():
 
 
 # ---- Accordion in the caller's words (issue 29) -------------------------------------------------
-@pytest.fixture
-def one_rank_group(tmp_path):
-    """A real one-process gloo group, so Accordion can wrap a DDP model in this process."""
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
-                            world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 BAD_ARGUMENTS = {
     "topk_low_above_1": (dict(compressor="topk", low=1.5, high=0.1), "ConfigError", "low: "),
     "topk_high_zero": (dict(compressor="topk", low=0.5, high=0), "ConfigError", "high: "),

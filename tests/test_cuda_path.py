@@ -28,7 +28,6 @@ from accordion_repro.engine import checkpoint
 from accordion_repro.engine.clock import PhaseClock
 from accordion_repro.transfer import host_to_device
 from conftest import REPO
-from test_accordion_ddp import one_rank_group  # noqa: F401  (a fixture)
 from test_comm_distributed import SmallNet
 
 

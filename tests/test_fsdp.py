@@ -231,16 +231,6 @@ def test_ranks_with_different_levels_stop_with_one_line(results):
 
 
 # ---- one process: set-ups refused before training -----------------------------------------------
-@pytest.fixture
-def one_rank_group(tmp_path):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
-                            world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def _hybrid(model):
     from torch.distributed.device_mesh import init_device_mesh
 
