@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from test_accordion_ddp import SmallNet, _batch, one_rank_group  # noqa: F401  (fixture)
+from test_accordion_ddp import SmallNet, _batch
 
 OBJECTS = {
     "lgreco": ("LGreCo", dict(r0=2)),
