@@ -11,7 +11,10 @@ from __future__ import annotations
 import hashlib
 import sys
 import warnings
+from pathlib import Path
 from typing import Any, Mapping
+
+import yaml
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
@@ -19,7 +22,9 @@ from omegaconf.errors import InterpolationResolutionError
 from accordion_repro.comm.config import SETTINGS as COMPRESSOR_SETTINGS, compressor_level  # noqa: F401  (tests and callers read it here)
 from accordion_repro.env import env_rank
 from accordion_repro.errors import ConfigError, ConfigWarning
-from accordion_repro.options import defaults_of
+from accordion_repro.options import Options, defaults_of
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
 MAX_SUBDIR = 200  # file systems allow 255 bytes per path component
@@ -93,6 +98,33 @@ def world_size_of(cfg: Mapping) -> int:
     return env if env is not None else settings.nproc_per_node
 
 
+def _conf_keys(group: str) -> list[str]:
+    """The keys conf/ gives a node that no settings class reads (run, paths, logger, scale):
+    those of its group files (for `run`, of conf/config.yaml), so conf/ is their one list."""
+    if group == "run":
+        return list(yaml.safe_load((CONF_DIR / "config.yaml").read_text())["run"])
+    keys: set[str] = set()
+    for path in (CONF_DIR / group).glob("*.yaml"):
+        node = yaml.safe_load(path.read_text()) or {}
+        keys.update(node.get(group, {}) if "@package _global_" in path.read_text() else node)
+    return sorted(keys)
+
+
+# The top-level nodes of a composed config; each node is checked for keys it does not take.
+SECTIONS = ("seed", "run", "model", "dataset", "compressor", "schedule", "optim", "trainer",
+            "dist", "logger", "paths", "scale")
+
+
+def reject_unknown_keys(c: Mapping) -> None:
+    """Refuse a key no part of the suite reads (`+trainer.epoch=5`, `++dist.nprocs=4`), naming
+    it, in the nodes that have no settings class to do it: the top level, run, paths, logger and
+    scale (model, dataset, compressor, schedule, optim, trainer, dist and logger.wandb are
+    refused by their settings classes, read with `owner`)."""
+    Options("", c).reject_unknown(SECTIONS, "the config")
+    for section in ("run", "paths", "logger", "scale"):
+        Options(section, c[section]).reject_unknown(_conf_keys(section), section)
+
+
 def _require(cond: bool, key: str, message: str) -> None:
     if not cond:
         raise ConfigError(key, message)
@@ -138,24 +170,26 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(str(key), f"cannot be resolved: {exc.msg if hasattr(exc, 'msg') else exc}") from None
 
     from accordion_repro.engine.lr import build_epoch_lr
-    from accordion_repro.engine.settings import DistSettings, TrainerSettings
+    from accordion_repro.engine.settings import DistSettings, OptimSettings, TrainerSettings
     from accordion_repro.runlog import WandbSettings
 
-    t = TrainerSettings.from_config(c["trainer"])
+    reject_unknown_keys(c)
+    t = TrainerSettings.from_config(c["trainer"], owner="trainer")
+    optim = OptimSettings.from_config(c["optim"], owner=f"optimizer {c['optim'].get('name')!r}")
     # reads optim through OptimSettings, then checks optim.decay_at and official_decay_compare;
     # what it warns about is shown here once, one line each (rank 0 under torchrun or Slurm)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConfigWarning)
-        build_epoch_lr(c["optim"], total_epochs=t.epochs, world_size=1, batch_size=t.batch_size)
+        build_epoch_lr(optim, total_epochs=t.epochs, world_size=1, batch_size=t.batch_size)
     if env_rank() == 0:
         for warning in caught:
             print(f"warning: {warning.message}", file=sys.stderr)
         _warn_if_bf16_is_emulated(t)
-    if DistSettings.from_config(c["dist"]).strategy == "fsdp":
+    if DistSettings.from_config(c["dist"], owner="dist").strategy == "fsdp":
         _check_fsdp(c, t, world_size_of(c))
     model = dict(c["model"])
     MODEL_SETTINGS[model.pop("name")].from_config(model, owner=f"model {model_name!r}")
-    WandbSettings.from_config(c["logger"]["wandb"])
+    WandbSettings.from_config(c["logger"]["wandb"], owner="logger.wandb")
 
     is_text = c["model"]["name"] == "lstm"
     dataset_is_text = c["dataset"]["name"] in ("wikitext2", "synthetic_text")

@@ -8,7 +8,11 @@ elastic agent does the same; summary.json then says `failed` with the rank and c
 SIGTERM (what Slurm sends before a time limit) and SIGINT stop a run cleanly: every rank
 finishes its current step, the ranks agree to stop, and the run ends as `stopped`, resumable
 from its last end-of-epoch checkpoint (the unfinished epoch is redone, so the metrics equal
-those of an uninterrupted run). A second signal ends the job at once.
+those of an uninterrupted run). A second signal ends the job at once. The launching process
+holds these signals from before the ranks start until the job is over (RELAY), so a signal
+while the ranks start up is a stop, not a crash, and one while the launcher shuts down is no
+traceback and no stale lock. How the job ended is reported to runlog.py, which owns the run's
+status in summary.json.
 
 Inside a submitit job on Slurm (`hydra/launcher=slurm`) submitit's time-limit signal (USR2,
 `signal_delay_s` before the limit) stops the run the same way, and then submitit's own handler
@@ -23,11 +27,13 @@ single-host run listens on no outside address.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -43,8 +49,8 @@ from accordion_repro.engine import stop
 from accordion_repro.engine.settings import DistSettings, TrainerSettings
 from accordion_repro.env import env_rank, env_world_size, local_cuda_device, slurm_env
 from accordion_repro.errors import TrainingDiverged
-from accordion_repro.runlog import read_summary, write_summary
-from accordion_repro.utils import die_with_parent
+from accordion_repro.runlog import report_status, stop_signal_of
+from accordion_repro.utils import die_with_parent, pid_alive
 
 
 class RankFailed(RuntimeError):
@@ -75,6 +81,97 @@ def stop_signals() -> tuple:
     """The signals that stop a run after its current step, here."""
     requeue = submitit_requeue_signal()
     return STOP_SIGNALS + ((requeue,) if requeue and requeue not in STOP_SIGNALS else ())
+
+
+class _Relay:
+    """The launching process's stop signals, held for the life of a job.
+
+    The first signal asks every local rank to stop after its step; a second ends them at once
+    (SIGKILL); a later one, or one while no rank runs (before they start, while the launcher
+    shuts down), is only counted: no signal finds the launcher without its handler. The first
+    is also written to `stop_file`, for ranks that were not yet listening (`starting`).
+    """
+
+    def __init__(self):
+        self.count, self.last, self.processes, self.previous, self.depth = 0, 0, [], {}, 0
+        self.stop_file: Path | None = None
+
+    def __call__(self, signum, frame) -> None:
+        self.count += 1
+        self.last = signum
+        if self.count == 1 and self.stop_file is not None:
+            with contextlib.suppress(OSError):
+                self.stop_file.write_text(str(int(signum)))
+        for process in self.processes:
+            if process.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signum if self.count == 1 else signal.SIGKILL)
+
+    @contextlib.contextmanager
+    def held(self, restore: bool = True):
+        """Handle the stop signals in the block; the outermost block installs the handler
+        and, with `restore` (not for the CLI's process, which ends with the job), restores
+        the handlers it found (`previous`: submitit's among them)."""
+        if self.depth == 0:
+            self.count, self.last, self.processes = 0, 0, []
+            self.previous = {sig: signal.signal(sig, self) for sig in stop_signals()}
+            if not restore:  # Python's exit puts back the default handlers: ignore them then
+                atexit.register(lambda: [signal.signal(sig, signal.SIG_IGN) for sig in self.previous])
+        self.depth += 1
+        try:
+            yield self
+        finally:
+            if restore:
+                self.depth -= 1
+                if self.depth == 0:
+                    for sig, handler in self.previous.items():
+                        signal.signal(sig, handler)
+
+    def reinstall(self, requested: int) -> None:
+        """Take the signals back after an in-process rank's own handler (stop.install) had
+        them, counting the stop it was asked for."""
+        if self.depth and requested and not self.count:
+            self.count, self.last = 1, requested
+        for sig in self.previous if self.depth else ():
+            signal.signal(sig, self)
+
+    @contextlib.contextmanager
+    def starting(self, stop_file: Path):
+        """Ignore the stop signals while ranks are started: a new process inherits an ignored
+        signal (not a handler), so no rank is ended by one that comes before its handler is
+        in place, and a stop asked meanwhile reaches it through `stop_file`, written before
+        the signal is forwarded (take_stop_signals_early). A signal to the launcher itself in
+        these milliseconds is lost."""
+        self.stop_file = Path(stop_file)
+        for sig in self.previous:
+            signal.signal(sig, signal.SIG_IGN)
+        try:
+            yield
+        finally:
+            for sig in self.previous:
+                signal.signal(sig, self)
+
+    def stopped_before_start(self) -> RunStopped | None:
+        if not self.count:
+            return None
+        name = signal.Signals(self.last).name
+        return RunStopped(f"stopped: {name} before the ranks started, nothing trained; rerun the "
+                          f"same command to run it", 128 + self.last)
+
+
+RELAY = _Relay()
+
+
+def take_stop_signals_early(stop_file: Path) -> None:
+    """Rank side of RELAY.starting: make the stop signals stop requests, then take a stop
+    the launcher was asked for before (it wrote the signal to `stop_file`)."""
+    stop.install(stop_signals())
+    with contextlib.suppress(OSError, ValueError):
+        stop.request(int(stop_file.read_text()))
+
+
+def _stop_file(store_file: str) -> Path:
+    return Path(f"{store_file}.stop")
 
 
 def _first_slurm_host() -> str:
@@ -138,7 +235,6 @@ def _run(cfg: dict, run_dir: Path, in_group: bool = False) -> None:
     """
     from accordion_repro.engine.trainer import Trainer
 
-    stop.install(stop_signals())
     try:
         Trainer(cfg, run_dir).fit()
         if in_group:
@@ -152,6 +248,7 @@ def _run(cfg: dict, run_dir: Path, in_group: bool = False) -> None:
 
 def _spawned_worker(local_rank: int, cfg: dict, run_dir: str, settings: DistSettings,
                     store_file: str) -> None:
+    take_stop_signals_early(_stop_file(store_file))
     world_size = settings.nproc_per_node
     os.environ.update(RANK=str(local_rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(world_size))
@@ -185,13 +282,6 @@ def _rank0_logging(run_dir: Path) -> None:
     logger.propagate = False
 
 
-def mark_failed(run_dir: Path, message: str) -> None:
-    """Record a failure the ranks could not record themselves (a rank killed, a lost peer)."""
-    summary = read_summary(run_dir)
-    if summary and summary.get("status") != "completed":
-        write_summary(run_dir, {**summary, "status": "failed", "error": message.splitlines()[0]})
-
-
 def _end_of_run(run_dir: Path, submitit_handler, leader: bool) -> None:
     """What a finished job says: nothing, RunStopped (leader only), or, when a signal stopped
     it under submitit on Slurm, no result at all.
@@ -202,12 +292,11 @@ def _end_of_run(run_dir: Path, submitit_handler, leader: bool) -> None:
     runs `scontrol requeue` and exits (or, with no requeue left, raises, which the sweep
     reports); after SIGTERM or SIGINT Slurm itself ends the job: exit 128 + signal.
     """
-    summary = read_summary(run_dir) if leader else {}
-    stopped = int(summary.get("stop_signal") or 0) if summary.get("status") == "stopped" else 0
+    stopped, where = stop_signal_of(run_dir) if leader else (0, "")
     requeue = submitit_requeue_signal()
     signum = (stopped if leader else stop.requested()) if requeue else 0
     if signum:
-        where = summary.get("stopped") or f"by {signal.Signals(signum).name}"
+        where = where or f"by {signal.Signals(signum).name}"
         if signum == requeue and leader and callable(submitit_handler):
             print(f"stopped: {where}; submitit requeues job {os.environ['SLURM_JOB_ID']}, which "
                   f"resumes from the last checkpoint", file=sys.stderr, flush=True)
@@ -216,20 +305,27 @@ def _end_of_run(run_dir: Path, submitit_handler, leader: bool) -> None:
               f"{os.environ['SLURM_JOB_ID']})", file=sys.stderr, flush=True)
         raise SystemExit(128 + signum)
     if stopped:
-        raise RunStopped(f"stopped: {summary.get('stopped', 'by a signal')}; rerun the same "
-                         f"command to resume", 128 + stopped)
+        raise RunStopped(f"stopped: {where}; rerun the same command to resume", 128 + stopped)
 
 
 def launch(cfg: dict, run_dir: Path) -> None:
     """Run the job described by a resolved config; raise RankFailed if any rank fails and
     RunStopped if a signal stopped it."""
-    settings = DistSettings.from_config(cfg["dist"])
-    # submitit's time-limit handler, before the ranks make its signal a stop request.
+    with RELAY.held():
+        _launch(cfg, run_dir, DistSettings.from_config(cfg["dist"]))
+
+
+def _launch(cfg: dict, run_dir: Path, settings: DistSettings) -> None:
+    # submitit's time-limit handler, the one found before RELAY (the ranks make its signal a
+    # stop request).
     requeue = submitit_requeue_signal()
-    submitit_handler = signal.getsignal(requeue) if requeue else None
+    submitit_handler = RELAY.previous.get(requeue) if requeue else None
     if settings.launcher in ("auto", "env") and env_world_size() is not None:
         _join_env_group(cfg, resolve_backend(cfg, settings), int(settings.timeout_s))
         _limit_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        stop.install(stop_signals())
+        if RELAY.count:  # a signal while this rank joined its group: a stop at the first step
+            stop.request(RELAY.last)
         try:
             _run(cfg, run_dir, in_group=True)
         except RuntimeError as exc:  # gloo's and NCCL's errors; ours are not RuntimeErrors
@@ -244,32 +340,43 @@ def launch(cfg: dict, run_dir: Path) -> None:
     if settings.launcher == "env":
         raise RankFailed("dist.launcher=env but neither torchrun (RANK, WORLD_SIZE) nor Slurm "
                          "(SLURM_PROCID, SLURM_NTASKS > 1) environment variables are set")
+    early = RELAY.stopped_before_start()
+    if early is not None:
+        raise early
     if settings.nproc_per_node == 1:
-        _run(cfg, run_dir)
+        stop.install(stop_signals())
+        try:
+            _run(cfg, run_dir)
+        finally:
+            RELAY.reinstall(stop.requested())
     else:
-        with tempfile.TemporaryDirectory(prefix="accordion-store-") as store_dir:
+        _remove_stale_stores()
+        with tempfile.TemporaryDirectory(prefix=f"{STORE_PREFIX}{os.getpid()}-") as store_dir:
             _spawn(cfg, run_dir, settings, os.path.join(store_dir, "store"))
     _end_of_run(run_dir, submitit_handler, leader=True)
+
+
+STORE_PREFIX = "accordion-store-"  # + the launcher's pid: the local ranks' rendezvous folder
+
+
+def _remove_stale_stores() -> None:
+    """Remove the rendezvous folders of launchers ended by SIGKILL (no `finally` ran): this
+    user's, whose pid in the name no longer runs on this host."""
+    for path in Path(tempfile.gettempdir()).glob(f"{STORE_PREFIX}*-*"):
+        pid = path.name[len(STORE_PREFIX):].split("-")[0]
+        with contextlib.suppress(OSError):
+            if pid.isdigit() and path.stat().st_uid == os.getuid() and not pid_alive(int(pid)):
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def _spawn(cfg: dict, run_dir: Path, settings: DistSettings, store_file: str) -> None:
     # torch's "Terminating process N via signal SIGTERM" after a failure: the job's own error
     # line says what happened.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
-    context = mp.start_processes(_spawned_worker, args=(cfg, str(run_dir), settings, store_file),
-                                 nprocs=settings.nproc_per_node, join=False, start_method="spawn")
-    signals = {"count": 0}
-    previous_signal = {"last": signal.SIGTERM}
-
-    def forward(signum, frame):
-        """First signal: ask every rank to stop after its step. Second: end them now."""
-        signals["count"] += 1
-        previous_signal["last"] = signum
-        for process in context.processes:
-            if process.is_alive():
-                os.kill(process.pid, signum if signals["count"] == 1 else signal.SIGKILL)
-
-    previous = {sig: signal.signal(sig, forward) for sig in stop_signals()}
+    with RELAY.starting(_stop_file(store_file)):
+        context = mp.start_processes(_spawned_worker, args=(cfg, str(run_dir), settings, store_file),
+                                     nprocs=settings.nproc_per_node, join=False, start_method="spawn")
+        RELAY.processes = context.processes
     try:
         while not context.join():
             pass
@@ -277,26 +384,23 @@ def _spawn(cfg: dict, run_dir: Path, settings: DistSettings, store_file: str) ->
         index, trace = _root_cause(context, exc.error_index, str(exc))
         cause = _cause_line(trace)
         message = f"rank {index} failed: {cause}"
-        mark_failed(run_dir, message)
-        # A cause the suite names itself (a diverged loss) is the whole story; anything else
-        # keeps its traceback, under the one error line.
-        raise RankFailed(message if cause.startswith(_OWN_CAUSES) else f"{message}\n{trace}") from None
+        report_status(run_dir, "failed", error=message)
+        # A cause the suite names itself (a diverged loss) or the system's (a full disk: an
+        # errno) is the whole story; anything else keeps its traceback, under the error line.
+        whole = cause.startswith(_OWN_CAUSES) or _SYSTEM_ERROR.match(cause)
+        raise RankFailed(message if whole else f"{message}\n{trace}") from None
     except mp.ProcessExitedException as exc:
-        if signals["count"] >= 2:  # our own SIGKILL, the user's second signal: a stop, not a crash
-            signum = previous_signal["last"]
+        if RELAY.count >= 2:  # our own SIGKILL, the user's second signal: a stop, not a crash
+            signum = RELAY.last
             where = (f"{signal.Signals(signum).name} twice: the ranks were ended at once; resumes "
                      f"from the last end-of-epoch checkpoint")
-            summary = read_summary(run_dir)
-            if summary and summary.get("status") != "completed":
-                write_summary(run_dir, {**summary, "status": "stopped", "stopped": where,
-                                        "stop_signal": int(signum)})
+            report_status(run_dir, "stopped", stopped=where, stop_signal=int(signum))
             raise RunStopped(f"stopped: {where}; rerun the same command to resume", 128 + signum) from None
         message = f"rank {exc.error_index} died: {exc}"
-        mark_failed(run_dir, message)
+        report_status(run_dir, "failed", error=message)
         raise RankFailed(message) from None
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        RELAY.processes, RELAY.stop_file = [], None
         for process in context.processes:  # leave no rank behind
             if process.is_alive():
                 process.terminate()
@@ -307,6 +411,7 @@ def _spawn(cfg: dict, run_dir: Path, settings: DistSettings, store_file: str) ->
 _PEER_LOSS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
               "Socket Timeout", "Timed out waiting", "DistBackendError", "ProcessGroupGloo")
 _OWN_CAUSES = ("training diverged",)
+_SYSTEM_ERROR = re.compile(r"(\w+Error: )?\[Errno \d+\]")  # OSError and its kin, with errno
 
 
 def lost_peer(message: str) -> str | None:

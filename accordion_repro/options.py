@@ -43,7 +43,7 @@ class Options:
         self.defaults = defaults_of(settings) if settings is not None else {}
 
     def key(self, option: str) -> str:
-        return f"{self.section}.{option}"
+        return f"{self.section}.{option}" if self.section else option  # "": the top level
 
     def error(self, option: str, message: str) -> ConfigError:
         return ConfigError(self.key(option), message)

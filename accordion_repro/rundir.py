@@ -1,7 +1,7 @@
 """One run per directory, one config per run: the checks made before any rank starts.
 
 A run directory is the unit the analysis reads, so anything that mixes two runs in one
-directory gives a silently wrong table. Three guards:
+directory gives a silently wrong table. The guards:
 - a lock file (owner pid and host) so a second job on the same directory stops at once; a lock
   whose owner died on this host is stale and taken over;
 - resuming or rerunning with a config that differs from the one the run was trained with (the
@@ -11,10 +11,11 @@ directory gives a silently wrong table. Three guards:
   the new values of the keys that can change on resume (CHANGEABLE: each takes effect from the
   first resumed epoch) and the trainer records the difference in every later epoch's metrics
   (`config_change`); a key the checkpoint's state holds (the model, the compressor, the
-  schedule's levels, the batch) is refused even then. A resolved.yaml deleted beside a
-  checkpoint is restored from it; a run without either cannot be resumed;
+  schedule's levels, the batch) is refused even then. A resolved.yaml deleted or damaged
+  beside a checkpoint is restored from it; a run without either cannot be resumed;
 - a checkpoint that cannot be read safely (its checksum does not match, it holds code) stops
   the job here, naming the file;
+- the temporary files of writes a killed job left (a checkpoint's `.last.pt.*.tmp`) are deleted;
 - metrics.jsonl must hold exactly the epochs the checkpoint has passed: a torn or missing line
   is rewritten from the checkpoint's copy of every line, or, for a checkpoint without one, the
   job is refused naming the missing epochs.
@@ -137,6 +138,7 @@ def check_existing_run(run_dir: Path, resolved: dict) -> dict[str, list]:
     With trainer.resume=never an existing run is moved aside first (nothing is compared).
     """
     run_dir = Path(run_dir)
+    remove_interrupted_writes(run_dir)
     trainer = TrainerSettings.from_config(resolved["trainer"])
     if trainer.resume == "never":
         moved = move_aside(run_dir)
@@ -166,6 +168,14 @@ def check_existing_run(run_dir: Path, resolved: dict) -> dict[str, list]:
     return delta
 
 
+def remove_interrupted_writes(run_dir: Path) -> None:
+    """Delete the temporary files of writes a killed job left (utils.atomic_write's
+    `.<name>.*.tmp`: a whole checkpoint each); under the lock, no job is writing them."""
+    for folder in (run_dir, run_dir / "checkpoints"):
+        for path in folder.glob(".*.tmp"):
+            path.unlink(missing_ok=True)
+
+
 def _shown(delta: dict[str, list]) -> str:
     shown = "; ".join(f"{k}: {v[0]!r} -> {v[1]!r}" for k, v in list(delta.items())[:8])
     return shown + (f" (and {len(delta) - 8} more)" if len(delta) > 8 else "")
@@ -173,16 +183,23 @@ def _shown(delta: dict[str, list]) -> str:
 
 def _trained_config(run_dir: Path, state: dict | None) -> dict | None:
     """The config the run in run_dir was trained with: the checkpoint's own copy, else
-    resolved.yaml; None for an empty directory. A resolved.yaml deleted beside a checkpoint
-    is restored from it; run files with no config to compare are refused."""
+    resolved.yaml; None for an empty directory. A resolved.yaml deleted or damaged beside a
+    checkpoint is restored from it; run files with no config to compare are refused (a damaged
+    resolved.yaml in one line, naming it)."""
     previous = run_dir / "resolved.yaml"
-    on_disk = (yaml.safe_load(previous.read_text()) or {}) if previous.exists() else None
+    on_disk, damage = _read_resolved(previous)
     in_checkpoint = state.get("config") if state is not None else None
     if in_checkpoint is not None:
         if on_disk is None:
             atomic_write_text(previous, yaml.safe_dump(in_checkpoint, sort_keys=False))
-            print(f"note: {previous} was missing; restored from {checkpoint_path(run_dir)}")
+            print(f"note: {previous} was {damage or 'missing'}; restored from "
+                  f"{checkpoint_path(run_dir)}")
         return in_checkpoint
+    if damage:
+        raise ConfigMismatch(
+            f"{previous} is {damage} and no checkpoint holds the run's config, so it cannot be "
+            f"compared with this one. Repair or restore it, or rerun with trainer.resume=never "
+            f"to move the old run aside and start afresh")
     present = [name for name in ("metrics.jsonl", "summary.json", "checkpoints")
                if (run_dir / name).exists()]
     if not present:
@@ -193,6 +210,20 @@ def _trained_config(run_dir: Path, state: dict | None) -> dict | None:
             f"cannot be compared with this one. Restore {previous}, or rerun with "
             f"trainer.resume=never to move the old run aside and start afresh")
     return on_disk
+
+
+def _read_resolved(path: Path) -> tuple[dict | None, str | None]:
+    """(the config in resolved.yaml, None), or (None, why it cannot be used): 'damaged (...)'
+    for a file that does not parse as a mapping, None for an absent one."""
+    if not path.exists():
+        return None, None
+    try:
+        value = yaml.safe_load(path.read_text()) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        return None, f"damaged ({str(exc).strip().splitlines()[0]})"
+    if not isinstance(value, dict):
+        return None, f"damaged (holds a {type(value).__name__}, not a mapping)"
+    return value, None
 
 
 def repair_metrics(run_dir: Path, state: dict) -> None:
@@ -216,10 +247,9 @@ def repair_metrics(run_dir: Path, state: dict) -> None:
     lines = state.get("metric_lines")
     if lines is not None and len(lines) == last + 1:
         if kept != list(lines):
-            damaged = [e for e in range(last + 1) if lines[e] not in kept]
             atomic_write_text(path, "".join(line + "\n" for line in lines))
-            print(f"note: {path} lacked or had damaged records of epochs {damaged}; rewritten "
-                  f"from {checkpoint_path(run_dir)} (epochs 0-{last})")
+            print(f"note: {path} {_what_was_wrong(kept, epochs, lines)}; rewritten from "
+                  f"{checkpoint_path(run_dir)} (epochs 0-{last})")
         return
     if epochs != list(range(last + 1)):
         missing = sorted(set(range(last + 1)) - set(epochs))
@@ -228,6 +258,17 @@ def repair_metrics(run_dir: Path, state: dict) -> None:
             f"{path} {what}, but the checkpoint {checkpoint_path(run_dir)} has passed epoch "
             f"{last} and holds no copy to rebuild them from (an older version wrote it). Rerun "
             f"with trainer.resume=never to move the run aside and start afresh")
+
+
+def _what_was_wrong(kept: list[str], epochs: list[int], lines: list[str]) -> str:
+    """'lacked or had damaged records of epochs [1]; held epochs [0] twice' (the non-empty
+    parts): what made metrics.jsonl differ from the checkpoint's copy of its lines."""
+    damaged = [e for e, line in enumerate(lines) if line not in kept]
+    twice = sorted({e for e in epochs if epochs.count(e) > 1})
+    unordered = not damaged and not twice
+    parts = [f"lacked or had damaged records of epochs {damaged}"] if damaged else []
+    parts += [f"held epochs {twice} more than once"] if twice else []
+    return "; ".join(parts + (["held its records out of order"] if unordered else []))
 
 
 @contextmanager

@@ -3,6 +3,11 @@
 The local files are the source of truth (the analysis reads only them); wandb mirrors them. A
 resumed run drops metrics lines of epochs it will redo, so that the file of a resumed run equals
 the file of a run that was never stopped.
+
+This module is the one owner of a run's lifecycle in summary.json (`with_status`): `running`
+while a job trains it, then `stopped` (resumable), `failed` or `completed`, each with its cause.
+The trainer reports through RunLogger.set_status; the launcher, for what the ranks could not
+record themselves (a rank killed, the ranks ended at once), through `report_status`.
 """
 
 from __future__ import annotations
@@ -74,6 +79,39 @@ def write_summary(run_dir: Path, summary: dict) -> None:
                       json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
+# A status and the fields that say its cause; the next status replaces them, so a run that
+# completes carries no error or stop of an earlier job.
+STATUS_CAUSES = {"running": (), "stopped": ("stopped", "stop_signal"), "failed": ("error",),
+                 "completed": ()}
+_CAUSE_FIELDS = {name for causes in STATUS_CAUSES.values() for name in causes}
+
+
+def with_status(summary: dict, status: str, **cause: Any) -> dict:
+    """`summary` with `status` and its cause, and no cause of an earlier status."""
+    if status not in STATUS_CAUSES or not set(cause) <= set(STATUS_CAUSES[status]):
+        raise ValueError(f"status {status!r} with {sorted(cause)}: a status is one of "
+                         f"{STATUS_CAUSES} with those causes")
+    kept = {k: v for k, v in summary.items() if k != "status" and k not in _CAUSE_FIELDS}
+    return {**kept, "status": status, **_jsonable(cause)}
+
+
+def report_status(run_dir: Path, status: str, **cause: Any) -> None:
+    """The launcher's report of how a job ended that its ranks could not record: written
+    unless the ranks recorded `completed` (a peer lost while leaving does not undo a result)."""
+    summary = read_summary(run_dir)
+    if summary.get("status") != "completed":
+        write_summary(run_dir, with_status(summary, status, **cause))
+
+
+def stop_signal_of(run_dir: Path) -> tuple[int, str]:
+    """(the signal that stopped the run, where it stopped) from summary.json; (0, '') when
+    it is not stopped by a signal (running, completed, failed, or stop_after_epoch)."""
+    summary = read_summary(run_dir)
+    if summary.get("status") != "stopped" or not summary.get("stop_signal"):
+        return 0, ""
+    return int(summary["stop_signal"]), str(summary.get("stopped") or "by a signal")
+
+
 class RunLogger:
     def __init__(self, run_dir: Path, *, config: dict, wandb: WandbSettings, wandb_id: str | None):
         self.run_dir = Path(run_dir)
@@ -136,6 +174,11 @@ class RunLogger:
         write_summary(self.run_dir, self.summary)
         if self._wandb is not None:
             self._wandb.summary.update({k: v for k, v in fields.items() if isinstance(v, (int, float, str))})
+
+    def set_status(self, status: str, **cause: Any) -> None:
+        """The run's lifecycle step (with_status): running, stopped, failed or completed."""
+        self.summary = with_status(self.summary, status, **cause)
+        self.update_summary(status=status)
 
     def close(self) -> None:
         if self._wandb is not None:

@@ -9,8 +9,10 @@ requeued or resumed job finds its own checkpoint.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
+from typing import Callable
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -22,7 +24,7 @@ from accordion_repro.data import prepare_dataset
 from accordion_repro.engine.checkpoint import CheckpointError
 from accordion_repro.errors import ConfigError, DatasetMissingError
 from accordion_repro.env import env_rank
-from accordion_repro.launch import RankFailed, RunStopped, launch
+from accordion_repro.launch import RELAY, RankFailed, RunStopped, launch
 from accordion_repro.runlog import read_summary
 from accordion_repro.rundir import (ConfigMismatch, RunDirectoryInUse, RunRecordGap, check_existing_run,
                                     run_lock)
@@ -33,13 +35,13 @@ USER_ERRORS = (ConfigError, DatasetMissingError, CheckpointError, ConfigMismatch
                RunRecordGap)
 
 
-def run(cfg: DictConfig, run_dir: Path) -> Path:
+def run(cfg: DictConfig, run_dir: Path, accepted: Callable[[], None] | None = None) -> Path:
     """Validate, check the run directory, start the ranks. Usable without Hydra (tests, scripts).
 
     Everything that can refuse the job (config values, dataset contents, another job on the
     directory, a changed config, an unreadable checkpoint) is checked before resolved.yaml is
-    written and before any rank starts. Under torchrun or Slurm, rank 0 does the checks; the
-    other ranks wait for it in the process-group rendezvous.
+    written and before any rank starts; then `accepted()` is called. Under torchrun or Slurm,
+    rank 0 does the checks; the other ranks wait for it in the process-group rendezvous.
     """
     config_module.validate(cfg)
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -48,10 +50,12 @@ def run(cfg: DictConfig, run_dir: Path) -> Path:
     if env_rank() != 0:
         launch(resolved, run_dir)
         return run_dir
-    with run_lock(run_dir):
+    with RELAY.held(), run_lock(run_dir):  # a stop signal from here on ends the job as stopped
         change = check_existing_run(run_dir, resolved)
         prepare_dataset(resolved["dataset"])
         atomic_write_text(run_dir / "resolved.yaml", OmegaConf.to_yaml(OmegaConf.create(resolved)))
+        if accepted is not None:
+            accepted()
         launch({**resolved, "_config_change": change}, run_dir)
     return run_dir
 
@@ -60,19 +64,34 @@ def run(cfg: DictConfig, run_dir: Path) -> Path:
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    try:
-        run(cfg, run_dir)
-    except USER_ERRORS + (RankFailed, RunStopped) as exc:
-        if hydra_cfg.mode == RunMode.MULTIRUN:
-            # Hydra reports the failed job with its overrides and still runs the other jobs.
-            raise JobFailed(str(exc)) from None
-        if isinstance(exc, RunStopped):
-            print(str(exc), file=sys.stderr)
-            sys.exit(exc.exit_code)
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2 if isinstance(exc, USER_ERRORS) else 1)
-    if env_rank() == 0:
-        print(closing_summary(run_dir, Path(cfg.paths.runs_dir)))
+    pending = run_dir / hydra_cfg.output_subdir if hydra_cfg.output_subdir else None
+    with RELAY.held(restore=False):  # until this process ends: no signal finds it unhandled
+        try:
+            run(cfg, run_dir, accepted=lambda: keep_hydra_files(pending))
+        except USER_ERRORS + (RankFailed, RunStopped) as exc:
+            if hydra_cfg.mode == RunMode.MULTIRUN:
+                # Hydra reports the failed job with its overrides and still runs the other jobs.
+                raise JobFailed(str(exc)) from None
+            if isinstance(exc, RunStopped):
+                print(str(exc), file=sys.stderr)
+                sys.exit(exc.exit_code)
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2 if isinstance(exc, USER_ERRORS) else 1)
+        finally:
+            if pending is not None and pending.name == "pending":  # a refused job's, a rank's
+                shutil.rmtree(pending, ignore_errors=True)
+        if env_rank() == 0:
+            print(closing_summary(run_dir, Path(cfg.paths.runs_dir)))
+
+
+def keep_hydra_files(pending: Path | None) -> None:
+    """An accepted job's Hydra files (conf/config.yaml `hydra.output_subdir`: .hydra/pending)
+    replace those in .hydra/; until then .hydra/ holds the files of the run the directory has."""
+    if pending is None or pending.name != "pending" or not pending.is_dir():
+        return
+    for path in pending.iterdir():
+        os.replace(path, pending.parent / path.name)
+    pending.rmdir()
 
 
 def closing_summary(run_dir: Path, runs_dir: Path) -> str:
@@ -148,10 +167,45 @@ def check_run_dir_writable(argv: list[str]) -> None:
                                f"choose another with hydra.run.dir=... or paths.runs_dir=...")
 
 
+def check_overrides_compose(argv: list[str]) -> None:
+    """Hydra's own refusals (a key the config lacks, an unknown group option, an override that
+    does not parse) are 6 to 20 lines: compose the job once before Hydra runs it, and say the
+    same in one line. Sweeps and Hydra's flags (any argument starting with '-') and Hydra's own
+    keys are left to Hydra."""
+    args = argv[1:]
+    if any(arg.startswith("-") for arg in args):
+        return
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    overrides = [arg for arg in args if not arg.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    try:
+        with initialize_config_dir(config_dir=str(config_module.CONF_DIR), version_base="1.3"):
+            compose(config_name="config", overrides=overrides)
+    except HydraException as exc:
+        raise ConfigError("the command line", _one_line(str(exc))) from None
+
+
+def _one_line(message: str) -> str:
+    """Hydra's message as one line: 'Available options in 'model': densenet, ...'."""
+    parts: list[str] = []
+    for line in message.splitlines():
+        if not line.strip() or line.startswith("Set the environment variable HYDRA_FULL_ERROR"):
+            continue
+        if line.startswith("Config search path"):
+            break
+        if line.startswith(("\t", " ")) and parts and parts[-1].endswith((":", ",")):
+            parts[-1] += f" {line.strip()},"
+        else:
+            parts.append(line.strip())
+    return "; ".join(part.rstrip(",.") for part in parts)
+
+
 if __name__ == "__main__":
     try:
         sys.argv = expand_experiment_globs(sys.argv)
         check_run_dir_writable(sys.argv)
+        check_overrides_compose(sys.argv)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -148,6 +148,22 @@ def test_broken_and_unfinished_runs_are_skipped_with_warnings(tmp_path):
         "bad_line", "failed", "no_summary"]
 
 
+@pytest.mark.parametrize("lost", [2, 1], ids=["last_line", "middle_line"])
+def test_a_completed_run_with_a_lost_metrics_line_is_refused_naming_the_epochs(tmp_path, lost):
+    """Issue 37 item 2: its earlier epoch must not silently become the run's result."""
+    write_run(tmp_path, "good", accs=(10.0, 20.0, 30.0))
+    damaged = write_run(tmp_path, "damaged", accs=(10.0, 20.0, 30.0))
+    lines = (damaged / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (damaged / "metrics.jsonl").write_text("".join(lines[:lost] + lines[lost + 1:]))
+    with pytest.warns(SkippedRunWarning) as caught:
+        collection = collect_runs(tmp_path)
+    [message] = [str(w.message) for w in caught]
+    assert str(damaged) in message and f"lacks epochs [{lost}]" in message
+    assert "completed after 3 epochs" in message
+    assert list(collection.frame["run_dir"].unique()) == ["good"]
+    assert [path for path, _ in collection.broken] == [str(damaged)]
+
+
 # ----------------------------------------------------------------------------- tables
 
 def _table1_resnet_runs(root: Path) -> dict[str, list[Path]]:

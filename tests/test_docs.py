@@ -160,3 +160,15 @@ def test_committed_tables_are_what_make_figures_builds_from_the_committed_runs(t
     for path in built:
         committed = REPO / "results" / "tables" / path.name
         assert path.read_bytes() == committed.read_bytes(), f"rebuild differs: {committed}"
+
+
+def test_the_readmes_run_directory_guarantees_name_exactly_the_tests_that_check_them():
+    """Each guarantee of README "The run directory" names its tests; every test of
+    tests/test_run_integrity.py is named there, and every name there is such a test."""
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("### The run directory"):readme.index("## Reproduce the paper")]
+    named = set(re.findall(r"`(test_\w+)`", section))
+    tests = set(re.findall(r"^def (test_\w+)\(", (REPO / "tests" / "test_run_integrity.py").read_text(),
+                           re.MULTILINE))
+    assert named - tests == set(), "named in the README but no test there"
+    assert tests - named == set(), "tested but not listed in the README's guarantees"

@@ -70,6 +70,18 @@ def test_rerun_with_a_changed_config_is_refused_naming_the_keys(finished_run, tm
 
 
 @pytest.mark.slow
+def test_a_refused_job_leaves_the_runs_hydra_files_alone(finished_run, tmp_path):
+    """Issue 37 item 11: Hydra wrote the refused job's config over .hydra/config.yaml."""
+    run_dir = _copy(finished_run, tmp_path)
+    before = {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir() if p.is_file()}
+    assert {"config.yaml", "overrides.yaml", "hydra.yaml"} <= set(before)
+    out = cli(run_dir, "trainer.epochs=2", "compressor.rank=4")
+    assert out.returncode == 2
+    after = {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir()}
+    assert after == before  # nothing pending left either
+
+
+@pytest.mark.slow
 def test_resume_never_moves_the_old_run_aside_and_starts_afresh(finished_run, tmp_path):
     run_dir = _copy(finished_run, tmp_path)
     old_metrics = (run_dir / "metrics.jsonl").read_text()
@@ -430,6 +442,20 @@ def test_a_gap_in_metrics_is_rebuilt_from_the_checkpoint_and_named(three_epoch_r
     assert without_timing(read_metrics(run_dir)) == without_timing(read_metrics(whole))
 
 
+@pytest.mark.slow
+def test_a_duplicated_metrics_line_is_rewritten_and_named(three_epoch_runs, tmp_path):
+    """Issue 37 item 11: the note named 'epochs []' for a line written twice."""
+    whole, stopped = three_epoch_runs
+    run_dir = _copy(stopped, tmp_path)
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (run_dir / "metrics.jsonl").write_text("".join([lines[0], *lines]))
+    out = cli(run_dir, "trainer.epochs=3")
+    assert out.returncode == 0, out.stderr
+    [note] = [l for l in out.stdout.splitlines() if "metrics.jsonl held" in l]
+    assert "held epochs [0] more than once" in note and "[]" not in note
+    assert without_timing(read_metrics(run_dir)) == without_timing(read_metrics(whole))
+
+
 def _as_older_version(ckpt: Path) -> None:
     """Rewrite a checkpoint without its copy of the metrics lines (what older versions wrote)."""
     import io
@@ -513,6 +539,29 @@ def test_a_deleted_resolved_yaml_is_restored_from_the_checkpoint_and_still_guard
     import yaml
     assert yaml.safe_load((run_dir / "resolved.yaml").read_text()) == yaml.safe_load(original)
     assert cli(run_dir, "trainer.epochs=2").returncode == 0
+
+
+@pytest.mark.slow
+def test_a_damaged_resolved_yaml_is_restored_from_the_checkpoint_or_refused_in_one_line(
+        stopped_run, finished_run, tmp_path):
+    """Issue 37 item 8: a 61-line YAML traceback before."""
+    run_dir = _copy(stopped_run, tmp_path)
+    (run_dir / "resolved.yaml").write_text("trainer: {epochs: [\n")
+    out = cli(run_dir, "trainer.epochs=2")
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr
+    [note] = [l for l in out.stdout.splitlines() if "resolved.yaml was damaged" in l]
+    assert "restored from" in note
+    assert [m["epoch"] for m in read_metrics(run_dir)] == [0, 1]
+    # with no checkpoint to restore it from: refused, naming the file
+    bare = tmp_path / "bare"
+    shutil.copytree(finished_run, bare)
+    shutil.rmtree(bare / "checkpoints")
+    (bare / "resolved.yaml").write_text("- a list\n- not a config\n")
+    out = cli(bare, "trainer.epochs=2")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    [error] = [l for l in out.stderr.splitlines() if l.strip()]
+    assert error.startswith("error:") and str(bare / "resolved.yaml") in error and "damaged" in error
 
 
 @pytest.mark.slow
@@ -671,6 +720,7 @@ def test_a_full_disk_names_no_space_from_the_rank_that_hit_it(tmp_path, small_mo
     [error] = _error_lines(out)
     assert "rank 0 failed" in error and "No space left on device" in error, out.stderr
     assert "Connection closed" not in error
+    assert [l for l in out.stderr.splitlines() if l.strip()] == [error]  # no traceback under it
     assert read_summary(run_dir)["status"] == "failed"
 
 
@@ -727,3 +777,191 @@ def test_every_override_the_directory_name_leaves_out_is_ignored_on_resume():
     compared = [key for key in sorted(excluded - _IN_THE_PATH)
                 if config_delta(nested(key, "old"), nested(key, "new"))]
     assert not compared, f"rundir.py compares {compared} though the directory name leaves them out"
+
+
+# ---- issue 37: nothing silent, nothing noisy ---------------------------------------------------
+TWO_RANKS = ["trainer.epochs=2", "dist.nproc_per_node=2", "dataset.train_size=2048",
+             "trainer.max_steps_per_epoch=128"]
+
+
+def _popen(run_dir: Path, *overrides: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "accordion_repro.train", *TINY, *overrides,
+                             f"hydra.run.dir={run_dir}"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, **(env or {})})
+
+
+def _ranks(proc: subprocess.Popen) -> list[int]:
+    out = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(proc.pid)],
+                         capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines() if "spawn_main" in line]
+
+
+def _training(run_dir: Path) -> bool:
+    return (run_dir / "summary.json").exists() and read_summary(run_dir).get("status") == "running"
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[str, str]:
+    try:
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _stopped_in_one_line(proc: subprocess.Popen, err: str, run_dir: Path, signum: int) -> None:
+    assert proc.returncode == 128 + signum, err
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("stopped:") and signum.name in lines[0], err
+    summary = read_summary(run_dir)
+    assert summary["status"] == "stopped" and "error" not in summary
+
+
+@pytest.mark.slow
+def test_an_allowed_change_of_the_epochs_moves_the_regime_windows_from_the_first_resumed_epoch(tmp_path):
+    """Item 1: windows [0, 0.5) of 4 epochs cover epoch 1, of 2 epochs they do not; the
+    resumed epoch 1 ran the old plan (inside: level 2) where a fresh 2-epoch run is outside."""
+    windows = [*DENSE, "compressor=powersgd", "schedule=regime_windows", "schedule.windows=[[0,0.5]]"]
+    run_dir = tmp_path / "run"
+    first = cli(run_dir, "trainer.epochs=4", "trainer.stop_after_epoch=0", base=windows)
+    assert first.returncode == 0, first.stderr
+    out = cli(run_dir, "trainer.epochs=2", "trainer.allow_config_change=true", base=windows)
+    assert out.returncode == 0, out.stderr
+    metrics = read_metrics(run_dir)
+    assert list(metrics[0]["levels"]) == ["2"]  # epoch 0 inside the window
+    assert list(metrics[1]["levels"]) == ["1"], metrics[1]["levels"]  # outside, as a fresh run
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_while_the_ranks_start_is_a_stop_in_one_line(tmp_path, signum):
+    """Item 5: a rank that had no handler yet died of it (a 'crash'), or printed a traceback."""
+    run_dir = tmp_path / "run"
+    proc = _popen(run_dir, *TWO_RANKS)
+    try:
+        wait_until(lambda: len(_ranks(proc)) == 2, timeout=120, what="the ranks", poll=0.02, alive=proc)
+        os.killpg(proc.pid, signum)  # as Ctrl-C does: every process of the job
+    finally:
+        out, err = _finish(proc)
+    _stopped_in_one_line(proc, err, run_dir, signum)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signals_while_the_launcher_shuts_down_leave_one_line_and_no_lock(tmp_path, signum):
+    """Item 6: the launcher died of a later signal with no line (or a KeyboardInterrupt)."""
+    import time
+
+    run_dir = tmp_path / "run"
+    proc = _popen(run_dir, *TWO_RANKS)
+    try:
+        wait_until(lambda: _training(run_dir), timeout=180, what="training", alive=proc)
+        while proc.poll() is None:  # a signal every 50 ms until the launcher has left
+            proc.send_signal(signum)
+            time.sleep(0.05)
+    finally:
+        out, err = _finish(proc)
+    _stopped_in_one_line(proc, err, run_dir, signum)
+    assert not (run_dir / ".lock").exists()
+
+
+@pytest.mark.slow
+def test_a_completed_rerun_of_a_failed_run_keeps_no_old_error(tmp_path):
+    """Item 7: summary.json said completed with the failed job's error beside it."""
+    run_dir = tmp_path / "run"
+    failed = cli(run_dir, "trainer.epochs=1", "optim.lr=1e30", "optim.warmup_epochs=0", base=DENSE)
+    assert failed.returncode == 1 and "error" in read_summary(run_dir)
+    done = cli(run_dir, "trainer.epochs=1", "optim.warmup_epochs=0",
+               "trainer.allow_config_change=true", base=DENSE)
+    assert done.returncode == 0, done.stderr
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed"
+    assert not {"error", "stopped", "stop_signal"} & set(summary), summary
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_killed_rank_is_one_line_with_no_resource_tracker_warning(tmp_path):
+    """Item 9: each rank's tqdm lock was a semaphore that a killed rank leaked, and the
+    resource tracker's 'leaked semaphore objects' warning followed the error line (it made
+    test_a_second_sigterm_ends_the_run_as_stopped_and_resumable fail under load)."""
+    run_dir = tmp_path / "run"
+    proc = _popen(run_dir, *TWO_RANKS)
+    try:
+        wait_until(lambda: _training(run_dir), timeout=180, what="training", alive=proc)
+        os.kill(_ranks(proc)[1], signal.SIGKILL)
+    finally:
+        out, err = _finish(proc)
+    assert proc.returncode == 1
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: rank 1 died"), err
+    assert read_summary(run_dir)["error"] == lines[0].removeprefix("error: ")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_what_a_killed_job_left_is_cleaned_up_by_the_next(tmp_path):
+    """Item 10: a SIGKILLed launcher's rendezvous folder and a checkpoint write's temporary
+    file stayed forever."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    run_dir = tmp_path / "run"
+    proc = _popen(run_dir, *TWO_RANKS, env={"TMPDIR": str(tmp)})
+    try:
+        wait_until(lambda: _training(run_dir), timeout=180, what="training", alive=proc)
+        proc.kill()  # the launcher alone; its ranks die with it
+    finally:
+        _finish(proc)
+    assert list(tmp.glob("accordion-store-*"))
+    (run_dir / "checkpoints").mkdir(exist_ok=True)
+    torn = run_dir / "checkpoints" / ".last.pt.k1ll3d.tmp"  # what atomic_write leaves when killed
+    torn.write_bytes(b"half a checkpoint")
+    done = subprocess.run(
+        [sys.executable, "-m", "accordion_repro.train", *TINY, "trainer.epochs=1",
+         "dist.nproc_per_node=2", f"hydra.run.dir={run_dir}", "trainer.resume=never"],
+        cwd=REPO, capture_output=True, text=True, timeout=240, env={**os.environ, "TMPDIR": str(tmp)})
+    assert done.returncode == 0, done.stderr
+    assert not torn.exists() and not list(run_dir.rglob("*.tmp"))
+    assert not list(tmp.glob("accordion-store-*"))
+
+
+@pytest.mark.slow
+def test_a_stop_without_checkpoints_says_it_resumes_from_epoch_0(tmp_path):
+    """Item 11: with trainer.checkpoint=false the stop line promised 'resumes from epoch 1'."""
+    run_dir = tmp_path / "run"
+    proc = _popen(run_dir, "trainer.epochs=3", "trainer.checkpoint=false",
+                  "dataset.train_size=2048", "trainer.max_steps_per_epoch=64")
+    try:
+        wait_until(lambda: (run_dir / "metrics.jsonl").exists(), timeout=300, what="epoch 0",
+                   alive=proc, poll=0.02)
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        out, err = _finish(proc)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    [line] = [l for l in err.splitlines() if l.startswith("stopped:")]
+    assert "during epoch 1" in line and "resumes from epoch 0" in line, line
+    assert not (run_dir / "checkpoints" / "last.pt").exists()
+
+
+@pytest.mark.slow
+def test_a_run_continues_in_its_own_directory_after_the_continuation_flags_change(tmp_path):
+    """Item 4: adding trainer.allow_config_change=true or dropping trainer.stop_after_epoch
+    named another directory, so the 'continuation' started afresh there, without hydra.run.dir."""
+    def default_dir(*overrides: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "accordion_repro.train", *TINY, *overrides,
+                               f"paths.runs_dir={tmp_path}"], cwd=REPO, capture_output=True,
+                              text=True, timeout=240)
+
+    first = default_dir("trainer.epochs=2", "trainer.stop_after_epoch=0")
+    assert first.returncode == 0, first.stderr
+    then = default_dir("trainer.epochs=2", "trainer.allow_config_change=true")
+    assert then.returncode == 0, then.stderr
+    [run_dir] = [p.parent for p in tmp_path.rglob("summary.json")]
+    said = [l for l in first.stdout.splitlines() + then.stdout.splitlines()
+            if l.startswith("run directory:")]
+    assert said == [f"run directory: {run_dir} (metrics.jsonl, summary.json, resolved.yaml)"] * 2
+    assert read_summary(run_dir)["status"] == "completed"
+    assert [m["epoch"] for m in read_metrics(run_dir)] == [0, 1]

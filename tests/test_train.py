@@ -139,6 +139,33 @@ def test_bad_values_are_rejected_with_their_key(override, key):
     assert err.value.key == key
 
 
+# Every config group of conf/ (Hydra's own and the presets, which write into the others, aside)
+# and the nodes with no group file: an added key is refused naming it, whatever the prefix.
+GROUPS = sorted({p.name for p in (REPO / "conf").iterdir() if p.is_dir()} - {"hydra", "experiment"}
+                | {"run", "logger.wandb"})
+
+
+@pytest.mark.parametrize("prefix", ["+", "++", ""])
+@pytest.mark.parametrize("group", GROUPS + [""])
+def test_an_unknown_key_is_refused_naming_it_in_every_config_group(group, prefix):
+    """`+trainer.epoch=5` must not train 3 epochs as if nothing were said (issue 37 item 3)."""
+    from hydra.errors import ConfigCompositionException
+
+    from accordion_repro.config import validate
+
+    key = f"{group}.no_such_key" if group else "no_such_key"
+    try:
+        cfg = compose_cfg(["dataset=synthetic_cifar10", "compressor=powersgd",
+                           "schedule=accordion", f"{prefix}{key}=5"])
+    except ConfigCompositionException as exc:  # no prefix: Hydra refuses a key it does not hold
+        assert not prefix and key.split(".")[-1] in str(exc)
+        return
+    assert prefix, f"Hydra accepted {key}=5 without a prefix"
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert err.value.key == key
+
+
 def test_missing_dataset_is_one_line_before_training(tmp_path):
     from accordion_repro.config import validate
 
@@ -161,6 +188,20 @@ def test_cli_prints_composed_config_and_rejects_bad_values(tmp_path):
     bad = _cli(["dataset=synthetic_cifar10", "optim.lr=-1", f"hydra.run.dir={tmp_path}/bad"])
     assert bad.returncode == 2 and "optim.lr" in bad.stderr
     assert not (tmp_path / "bad" / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("override, said", [
+    ("trainer.epoch=5", "To append to your config use +trainer.epoch=5"),
+    ("model=resnet99", "Available options in 'model': densenet, googlenet, lstm, resnet18"),
+])
+def test_hydras_own_refusals_are_one_line(tmp_path, override, said):
+    """Issue 37 item 11: Hydra printed 7 and 17 lines where the suite promises one."""
+    out = _cli(["dataset=synthetic_cifar10", override, f"hydra.run.dir={tmp_path}/run"])
+    assert out.returncode == 2
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and said in lines[0], out.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def _children(pid: int) -> list[int]:

@@ -253,6 +253,14 @@ class Schedule:
     def on_epoch_end(self, epoch: int, critical: Sequence[bool] | None) -> Plan:
         raise NotImplementedError
 
+    def replan(self, epoch: int) -> Plan:
+        """The plan for `epoch` under this schedule's settings, after a restore from a run
+        whose settings differed (trainer.allow_config_change): a plan that is a function of
+        the epoch (regime windows, their fractions of trainer.epochs) is made afresh; a plan
+        the detector decided stays, as its gradients cannot be seen again (the new settings
+        act from the decision at the end of `epoch`)."""
+        return self.plan
+
     @property
     def plan(self) -> Plan:
         return Plan.from_dict(self._plan.to_dict())
@@ -499,8 +507,11 @@ class RegimeWindowsSchedule(Schedule):
         return [self.in_window(0)] * self.num_layers, None
 
     def on_epoch_end(self, epoch: int, critical: Sequence[bool] | None) -> Plan:
-        self._critical = [self.in_window(epoch + 1)] * self.num_layers
-        return self._set(self._plan_for(epoch + 1))
+        return self.replan(epoch + 1)
+
+    def replan(self, epoch: int) -> Plan:
+        self._critical = [self.in_window(epoch)] * self.num_layers
+        return self._set(self._plan_for(epoch))
 
 
 # ---- the config-facing entry points of accordion/ -------------------------------------------

@@ -178,6 +178,24 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return sorted(records, key=lambda record: record["epoch"])
 
 
+def check_every_epoch(summary: dict, records: list[dict]) -> None:
+    """A completed run's metrics.jsonl holds each of epochs 0..N-1 once, N its summary's
+    epochs_completed: a lost line would silently make an earlier epoch the run's result."""
+    done = summary.get("epochs_completed")
+    if not isinstance(done, int) or isinstance(done, bool) or done < 1:
+        raise RunDirectoryError(f"summary.json says completed but gives no epochs_completed "
+                                f"({done!r})")
+    epochs = [record["epoch"] for record in records]
+    if epochs == list(range(done)):
+        return
+    missing = sorted(set(range(done)) - set(epochs))
+    extra = sorted({e for e in epochs if epochs.count(e) > 1 or e not in range(done)})
+    found = "; ".join(([f"lacks epochs {missing}"] if missing else []) +
+                      ([f"holds epochs {extra} twice or beyond it"] if extra else []))
+    raise RunDirectoryError(f"summary.json says completed after {done} epochs, but metrics.jsonl "
+                            f"{found}: the record is damaged, not a result")
+
+
 def load_run(run_dir: Path, name: str) -> list[dict]:
     """Rows of one completed run: flattened config + summary.* + the epoch's metrics."""
     summary = _read_json_object(run_dir / "summary.json")
@@ -188,6 +206,7 @@ def load_run(run_dir: Path, name: str) -> list[dict]:
         raise RunDirectoryError(f"summary.status is {status!r}, not 'completed'")
     config = flatten(read_config(run_dir))
     records = read_metrics(run_dir)
+    check_every_epoch(summary, records)
     last = records[-1]
     for key in (*[k for k in FINAL_METRICS if k in last], "train_loss", "test_loss"):
         value = last.get(key, 0.0)

@@ -21,7 +21,13 @@ def _handler(signum, frame):
         if time.monotonic() - _state["at"] > FORCE_AFTER_S:
             os._exit(128 + signum)
         return
-    _state.update(signal=signum, at=time.monotonic())
+    request(signum)
+
+
+def request(signum: int) -> None:
+    """Ask to stop as `signum` would (a rank told by its launcher of a signal it missed)."""
+    if not _state["signal"]:
+        _state.update(signal=int(signum), at=time.monotonic())
 
 
 def install(signals) -> None:

@@ -45,6 +45,12 @@ from accordion_repro.models import build_model, count_parameters
 
 log = logging.getLogger("accordion_repro.train")
 
+# tqdm's default lock holds a multiprocessing RLock: a named semaphore in each rank, which a
+# rank ended by SIGKILL (a second stop signal, a crash) leaves to the resource tracker, whose
+# "leaked semaphore objects" warning then follows the job's own last line. One thread of one
+# process draws the bar: a thread lock is all it needs.
+tqdm.set_lock(threading.RLock())
+
 
 # tqdm's default lock holds a multiprocessing RLock: a named semaphore in each rank, which a
 # rank ended by SIGKILL (a second stop signal, a crash) leaves to the resource tracker, whose
@@ -151,6 +157,7 @@ class Trainer:
         if self.fsdp is not None and self.detector is not None:  # fed by the FSDP comm
             self.detector.prepare(self.fsdp.layer_params)
             self.fsdp.detector = self.detector
+        self.resume_epoch = self.start_epoch  # where a rerun resumes: the last checkpoint's next
         self.logger = RunLogger(
             self.run_dir, config=cfg, wandb=WandbSettings.from_config(cfg["logger"]["wandb"]),
             wandb_id=self.wandb_id) if self.rank == 0 else NullRunLogger()
@@ -183,6 +190,8 @@ class Trainer:
         if self.detector is not None and shared.get("detector") is not None:
             self.detector.load_state_dict(shared["detector"], strict=not self.config_change)
         self.plan = shared["plan"]
+        if self.config_change:  # the first resumed epoch runs the new settings' plan
+            self.plan = self.schedule.replan(int(shared["epoch"]) + 1)
         if self.scaler is not None:
             self.scaler.load_state_dict(shared["loss_scale"])
         self.start_epoch = int(shared["epoch"]) + 1
@@ -213,9 +222,10 @@ class Trainer:
     def fit(self) -> None:
         t = self.settings
         self.logger.update_summary(
-            status="running", num_params=count_parameters(self.model), world_size=self.world_size,
+            num_params=count_parameters(self.model), world_size=self.world_size,
             model=self.cfg["model"]["name"], dataset=self.cfg["dataset"]["name"],
             data=self.bundle.description, scale=self.cfg["scale"]["name"], metric=self.task.metric)
+        self.logger.set_status("running")
         if self.config_change:
             change = {"from_epoch": self.start_epoch, "delta": self.config_change}
             self.logger.update_summary(config_changes=[*self.logger.summary.get("config_changes", []), change])
@@ -251,24 +261,32 @@ class Trainer:
                         total_bytes_sent=self.totals["bytes"], total_train_time_s=self.totals["train_time_s"])
                 if t.checkpoint:
                     self._save(epoch)
+                    self.resume_epoch = epoch + 1
                 if t.stop_after_epoch is not None and epoch >= t.stop_after_epoch and epoch + 1 < t.epochs:
-                    self.logger.update_summary(status="stopped")
+                    self.logger.set_status("stopped", stopped=f"after epoch {epoch} "
+                                           f"(trainer.stop_after_epoch); {self._resumes()}")
                     return
         except _StopRequested as request:
             signum, epoch, step = request.args
             where = (f"{signal.Signals(signum).name} during epoch {epoch} (after step {step}); "
-                     f"resumes from epoch {epoch}")
-            self.logger.update_summary(status="stopped", stopped=where, stop_signal=int(signum))
+                     f"{self._resumes()}")
+            self.logger.set_status("stopped", stopped=where, stop_signal=int(signum))
         except BaseException as exc:
             cause = str(exc) if isinstance(exc, TrainingDiverged) else f"{type(exc).__name__}: {exc}"
-            self.logger.update_summary(status="failed", error=f"rank {self.rank}: {cause}")
+            self.logger.set_status("failed", error=f"rank {self.rank}: {cause}")
             raise
         else:
-            for key in ("stopped", "stop_signal"):  # a stop that this resume got past
-                self.logger.summary.pop(key, None)
-            self.logger.update_summary(status="completed")
+            self.logger.set_status("completed")
         finally:
             self.logger.close()
+
+    def _resumes(self) -> str:
+        """Where a rerun of a stopped run starts: after the last checkpoint written, which is
+        not this epoch's under trainer.checkpoint=false."""
+        if self.settings.checkpoint:
+            return f"resumes from epoch {self.resume_epoch}"
+        return (f"resumes from epoch {self.resume_epoch} (trainer.checkpoint=false: "
+                f"{'no checkpoint' if not self.resume_epoch else 'no later checkpoint'} was written)")
 
     def _max_over_ranks(self, value: int) -> int:
         """The largest of the ranks' values (a stop signal, a divergence flag), the same on all."""
