@@ -162,6 +162,15 @@ class _Relay:
 RELAY = _Relay()
 
 
+def hold_stop_signals(restore: bool = True):
+    """RELAY.held, for the entry point. A function rather than RELAY itself: Hydra's submitit
+    launcher pickles `python -m accordion_repro.train`'s main, and cloudpickle copies a
+    __main__ function by value with the objects it names, so a job holding RELAY would hold a
+    copy that never received submitit's time-limit handler; a module's function is pickled by
+    name."""
+    return RELAY.held(restore)
+
+
 def take_stop_signals_early(stop_file: Path) -> None:
     """Rank side of RELAY.starting: make the stop signals stop requests, then take a stop
     the launcher was asked for before (it wrote the signal to `stop_file`)."""

@@ -24,7 +24,7 @@ from accordion_repro.data import prepare_dataset
 from accordion_repro.engine.checkpoint import CheckpointError
 from accordion_repro.errors import ConfigError, DatasetMissingError
 from accordion_repro.env import env_rank
-from accordion_repro.launch import RELAY, RankFailed, RunStopped, launch
+from accordion_repro.launch import RankFailed, RunStopped, hold_stop_signals, launch
 from accordion_repro.runlog import read_summary
 from accordion_repro.rundir import (ConfigMismatch, RunDirectoryInUse, RunRecordGap, check_existing_run,
                                     run_lock)
@@ -50,7 +50,7 @@ def run(cfg: DictConfig, run_dir: Path, accepted: Callable[[], None] | None = No
     if env_rank() != 0:
         launch(resolved, run_dir)
         return run_dir
-    with RELAY.held(), run_lock(run_dir):  # a stop signal from here on ends the job as stopped
+    with hold_stop_signals(), run_lock(run_dir):  # a stop signal from here on ends the job as stopped
         change = check_existing_run(run_dir, resolved)
         prepare_dataset(resolved["dataset"])
         atomic_write_text(run_dir / "resolved.yaml", OmegaConf.to_yaml(OmegaConf.create(resolved)))
@@ -65,7 +65,7 @@ def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     pending = run_dir / hydra_cfg.output_subdir if hydra_cfg.output_subdir else None
-    with RELAY.held(restore=False):  # until this process ends: no signal finds it unhandled
+    with hold_stop_signals(restore=False):  # until this process ends: no signal finds it unhandled
         try:
             run(cfg, run_dir, accepted=lambda: keep_hydra_files(pending))
         except USER_ERRORS + (RankFailed, RunStopped) as exc:
