@@ -9,6 +9,7 @@ requeued or resumed job finds its own checkpoint.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -179,11 +180,30 @@ def check_overrides_compose(argv: list[str]) -> None:
     from hydra.errors import HydraException
 
     overrides = [arg for arg in args if not arg.lstrip("+~").startswith(("hydra.", "hydra/"))]
-    try:
-        with initialize_config_dir(config_dir=str(config_module.CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(config_module.CONF_DIR), version_base="1.3"):
+        try:
             compose(config_name="config", overrides=overrides)
-    except HydraException as exc:
-        raise ConfigError("the command line", _one_line(str(exc))) from None
+        except HydraException as exc:
+            missing = re.match(r"Could not override '([\w.]+)'", str(exc))
+            if missing:
+                raise ConfigError(missing[1], _not_a_key(missing[1], overrides)) from None
+            raise ConfigError("the command line", _one_line(str(exc))) from None
+
+
+def _not_a_key(key: str, overrides: list[str]) -> str:
+    """'dataset.root' under dataset=npz: name the keys its parent does have (Hydra's own
+    message suggests `+dataset.root=`, which the validation would then refuse)."""
+    from hydra import compose
+
+    parent, _, _ = key.rpartition(".")
+    others = [arg for arg in overrides if not arg.lstrip("+~").startswith(f"{key}=")]
+    try:
+        node = OmegaConf.select(compose(config_name="config", overrides=others), parent) if parent else None
+    except Exception:  # another override is also wrong: Hydra's words for this one suffice
+        node = None
+    if not isinstance(node, DictConfig):
+        return "not a key of this configuration"
+    return f"not a key of this configuration; {parent} has: {', '.join(sorted(node.keys()))}"
 
 
 def _one_line(message: str) -> str:
