@@ -239,7 +239,7 @@ def _run(cfg: dict, run_dir: Path, in_group: bool = False) -> None:
     After a run that ended on every rank alike (completed, or stopped at the same step), a
     barrier lets no rank shut its group down while another still talks to it: without it, a
     rank that left first once aborted at exit in a clean-clone test run ("terminate called
-    without an active exception", after its last epoch was logged), as the README's own-code
+    without an active exception", after its last epoch was logged), as docs/api.md's own-code
     example did before it too waited at a barrier.
     """
     from accordion_repro.engine.trainer import Trainer

@@ -1,7 +1,7 @@
 """The one-object API (accordion_repro.ddp.Accordion) and the asynchronous hook, 2 gloo ranks.
 
-What is checked: the README example runs verbatim under torchrun and its detector sees the local
-gradients; Accordion updates the parameters exactly as the trainer's reducer path; the
+What is checked: the own-code example (docs/api.md, "A complete script") runs verbatim under
+torchrun and its detector sees the local gradients; Accordion updates the parameters exactly as the trainer's reducer path; the
 asynchronous hook equals the synchronous one (level switches, no_sync, unused parameters, any
 bucket size); ranks that disagree on the levels stop with one line; bf16/fp16 train; a saved
 state resumes bit for bit.
@@ -41,20 +41,20 @@ def _step(net, optimizer, x, y):
     return loss.detach()
 
 
-# ---- the README example ----------------------------------------------------------------------
+# ---- the own-code example --------------------------------------------------------------------
 def readme_example() -> str:
-    """The first python block of the README's "Accordion in your own code" section."""
-    text = (REPO / "README.md").read_text()
-    section = text.split("## Accordion in your own code", 1)[1].split("\n## ", 1)[0]
+    """The python block of docs/api.md's "A complete script" (the README points to it)."""
+    text = (REPO / "docs" / "api.md").read_text()
+    section = text.split("## A complete script", 1)[1].split("\n## ", 1)[0]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-# What the README example passes to Accordion (kept in step with it by the first assertion).
+# What the own-code example passes to Accordion (kept in step with it by the first assertion).
 EXAMPLE_SETTINGS = 'compressor="powersgd", low=2, high=1, eta=0.5, interval=1'
 
 
 def _trainer_path_worker(rank, example_file):
-    """The README example's training, driven as engine/trainer.py drives it: local gradients
+    """The own-code example's training, driven as engine/trainer.py drives it: local gradients
     into rank 0's detector, reducer.reduce, optimizer.step; rank 0's plan broadcast."""
     from accordion_repro.accordion import build_schedule
     from accordion_repro.comm import build_reducer

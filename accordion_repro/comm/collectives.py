@@ -117,7 +117,7 @@ class Communicator:
         in segments of at most `gloo_segment` elements: gloo sends one all-gather as one
         message, which reached 65% of a tc-shaped 100 Mbit/s link and 64% of a 1 Gbit/s one
         for 8 MB per rank, against 94% and 96% in 256 KiB segments, its all-reduce's rate
-        (README, "Performance"). NCCL (CUDA tensors) pipelines internally and gets one call.
+        (docs/performance.md). NCCL (CUDA tensors) pipelines internally and gets one call.
         """
         if not self.distributed or local.numel() == 0:
             return local.unsqueeze(0).expand(self.world_size, local.numel()), []
