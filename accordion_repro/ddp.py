@@ -4,7 +4,8 @@ model, in one object.
     acc = Accordion(ddp_model, compressor="powersgd", low=2, high=1, eta=0.5, interval=10)
     # or LGreCo(ddp_model, r0=2), LGreCoAccordion(ddp_model, r0=2, low=2, high=1),
     # PhaseRule(ddp_model, boundaries=[0.5], splits=[10000], levels=[[2, 2], [2, 1]],
-    #           total_epochs=30), any of them with compressor="acp_powersgd"
+    #           total_epochs=30), AutoAccordion(ddp_model, low_share=0.3), any of them with
+    #           compressor="acp_powersgd"
     for epoch in range(epochs):
         ...                                          # train as usual: forward, backward, step
         acc.end_epoch(epoch, lr_now, lr_next)        # every rank, at the end of each epoch
@@ -487,5 +488,23 @@ def _warn_above_break_even(levels: dict[str, float], world_size: int) -> None:
                 f"{break_even:g} (1 / (2 x world size))", AccordionWarning, stacklevel=3)
 
 
+class AutoAccordion(AdaptiveCompression):
+    """Accordion with its levels and eta chosen from the gradients (schedule=auto): per layer,
+    `low` and `high` are the cheapest PowerSGD ranks (1, 2, 4, ... max_rank) whose relative error
+    on the epoch's gradient is within error_low and error_high; with low_share, eta is the
+    (1 - low_share) quantile of the layers' norm ratios at each check (docs/schedules.md).
+    Keywords: error_low, error_high, max_rank, low and high (to pin one), low_share, eta_floor,
+    and the detector's eta, interval, lr_decay_rule, statistic."""
+
+    SCHEDULE = "auto"
+    LEVEL_FROM = "low"
+
+    def _start_level(self, schedule_options: dict):
+        """A pinned `low`, else the largest candidate (no error is known before a check)."""
+        from accordion_repro.accordion.auto import AutoSettings
+
+        return schedule_options.get("low") or schedule_options.get("max_rank", AutoSettings.max_rank)
+
+
 __all__ = ["AdaptiveCompression", "Accordion", "LGreCo", "LGreCoAccordion", "PhaseRule",
-           "AccordionWarning", "lr_now_and_next"]
+           "AutoAccordion", "AccordionWarning", "lr_now_and_next"]

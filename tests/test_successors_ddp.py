@@ -1,5 +1,5 @@
 """The successors as one object on a DistributedDataParallel model (ddp.py): LGreCo,
-LGreCoAccordion and PhaseRule plan per-layer levels at the end of an epoch and resume exactly
+LGreCoAccordion, PhaseRule and AutoAccordion plan per-layer levels at the end of an epoch and resume exactly
 from state_dict, with PowerSGD or ACP-SGD underneath."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ OBJECTS = {
     "lgreco_accordion": ("LGreCoAccordion", dict(r0=2, low=2, high=1, interval=1)),
     "phase_rule": ("PhaseRule", dict(boundaries=[1], splits=[1000], levels=[[2, 2], [1, 2]],
                                      total_epochs=4)),
+    "auto": ("AutoAccordion", dict(interval=1, max_rank=4, low_share=0.5)),  # issue 42
 }
 
 

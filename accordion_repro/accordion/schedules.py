@@ -517,10 +517,12 @@ class RegimeWindowsSchedule(Schedule):
 # ---- the config-facing entry points of accordion/ -------------------------------------------
 # The successors' schedules build on the classes above, so they are imported only now.
 from .successors import SUCCESSOR_SCHEDULES  # noqa: E402
+from .auto import AutoSchedule  # noqa: E402
 
 SCHEDULES: dict[str, type[Schedule]] = {
     cls.name: cls for cls in (StaticSchedule, AccordionSchedule, BatchAccordionSchedule,
-                              JointSchedule, RegimeWindowsSchedule, *SUCCESSOR_SCHEDULES)
+                              JointSchedule, RegimeWindowsSchedule, *SUCCESSOR_SCHEDULES,
+                              AutoSchedule)
 }
 SCHEDULE_NAMES = tuple(SCHEDULES)
 

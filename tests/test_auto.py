@@ -1,0 +1,191 @@
+"""schedule=auto (accordion/auto.py): endpoints from error targets, eta from a traffic share.
+
+Each property of issue 42's acceptance that a unit can hold has its own test id: the error
+target finds the rank of a low-rank matrix; the share of layers at `low` follows `low_share`;
+f = 0 and f = 1 are static high and static low; LR-decay epochs are always `low`; pinned to
+Accordion's endpoints and eta it *is* Accordion, decision by decision; and its state resumes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from accordion_repro.accordion import build_schedule
+from accordion_repro.accordion.auto import (cheapest_within, eta_for_share, power_of_two_ranks,
+                                            relative_errors)
+from accordion_repro.errors import ConfigError
+
+SHAPES = [(64, 96), (48, 80), (32, 64), (40, 40), (16, 128)]
+
+
+def _schedule(name="auto", shapes=SHAPES, **options):
+    return build_schedule(name, num_layers=len(shapes), compressor="powersgd", default_level=2,
+                          base_global_batch=64, world_size=2, layer_shapes=shapes, **options)
+
+
+def _low_rank(shape, rank, noise, seed):
+    gen = torch.Generator().manual_seed(seed)
+    n, m = shape
+    signal = torch.randn(n, rank, generator=gen) @ torch.randn(rank, m, generator=gen)
+    return signal + noise * torch.randn(n, m, generator=gen)
+
+
+@pytest.mark.parametrize("rank", [1, 2, 4, 8])
+def test_the_error_target_picks_the_rank_of_a_low_rank_matrix_plus_noise(rank):
+    ranks = power_of_two_ranks(16)
+    matrix = _low_rank((64, 96), rank, noise=1e-3, seed=rank)
+    errors = relative_errors(matrix, ranks)
+    costs = [(64 + 96) * r for r in ranks]
+    assert ranks[cheapest_within(errors, costs, target=0.05)] == rank
+    assert errors == sorted(errors, reverse=True)  # more rank, less error
+
+
+def test_relative_errors_are_the_svd_tail_over_the_norm():
+    matrix = _low_rank((12, 20), 3, noise=0.1, seed=0).double()
+    s = torch.linalg.svdvals(matrix)
+    for r, error in zip([1, 2, 4], relative_errors(matrix, [1, 2, 4])):
+        assert error == pytest.approx(float(s[r:].square().sum().sqrt() / s.square().sum().sqrt()))
+    assert relative_errors(torch.zeros(4, 6), [1, 2]) == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("share", [0.0, 0.1, 0.25, 0.5, 0.8, 1.0])
+def test_eta_flags_the_targeted_share_of_layers_within_one(share):
+    ratios = [0.03 * i + 0.001 * (i % 3) for i in range(21)]
+    eta = eta_for_share(ratios, share)
+    flagged = sum(r >= eta for r in ratios)
+    assert abs(flagged - share * len(ratios)) <= 1
+    if share == 0.0:
+        assert eta == math.inf and flagged == 0
+    if share == 1.0:
+        assert flagged == len(ratios)
+
+
+def test_the_eta_floor_only_ever_raises_eta():
+    ratios = [0.01, 0.02, 0.03, 0.04]
+    assert eta_for_share(ratios, 0.5) == 0.03
+    assert eta_for_share(ratios, 0.5, floor=0.1) == 0.1  # noise: nothing flagged
+    assert eta_for_share(ratios, 0.5, floor=0.001) == 0.03
+
+
+def _measurement(epoch, schedule, *, ratios, lr_fired=False, errors=None):
+    errors = errors or [[0.9, 0.6, 0.3, 0.1, 0.0] for _ in SHAPES]
+    checked = epoch % schedule.settings.interval == 0
+    flags = [True] * len(SHAPES)
+    return {"critical": flags, "errors": errors, "checked": checked,
+            "ratios": ratios if checked else None, "lr_rule_fired": lr_fired}
+
+
+RATIOS = [None, [0.1, 0.7, 0.2, 0.9, 0.3], [0.5, 0.4, 0.05, 0.6, 0.2], [0.2, 0.2, 0.8, 0.1, 0.5],
+          [0.3, 0.6, 0.1, 0.4, 0.7], [0.9, 0.1, 0.1, 0.1, 0.1]]
+
+
+@pytest.mark.parametrize("share, expected", [(1.0, "low"), (0.0, "high")], ids=["f1-static-low",
+                                                                                "f0-static-high"])
+def test_a_share_of_one_is_static_low_and_zero_is_static_high(share, expected):
+    schedule = _schedule(interval=1, low=4, high=1, low_share=share, lr_decay_rule=False)
+    levels = [schedule.on_epoch_end(e, _measurement(e, schedule, ratios=RATIOS[e])).levels
+              for e in range(len(RATIOS))]
+    assert levels[0] == [4] * 5  # the first check: nothing to compare with, all critical
+    assert all(lv == [4 if expected == "low" else 1] * 5 for lv in levels[1:])
+
+
+def test_an_lr_decay_epoch_runs_every_layer_at_low():
+    schedule = _schedule(interval=1, low=4, high=1, low_share=0.0)
+    schedule.on_epoch_end(0, _measurement(0, schedule, ratios=None))
+    assert schedule.on_epoch_end(1, _measurement(1, schedule, ratios=RATIOS[1])).levels == [1] * 5
+    fired = _measurement(2, schedule, ratios=RATIOS[2], lr_fired=True)
+    assert schedule.on_epoch_end(2, fired).levels == [4] * 5
+
+
+def test_endpoints_come_from_each_layers_error_table():
+    schedule = _schedule(interval=1, error_low=0.35, error_high=0.65, max_rank=16)
+    errors = [[0.9, 0.6, 0.3, 0.1, 0.0], [0.5, 0.3, 0.2, 0.1, 0.0], [0.2, 0.1, 0.0, 0.0, 0.0],
+              [0.95, 0.9, 0.8, 0.7, 0.5], [0.6, 0.5, 0.4, 0.3, 0.2]]
+    schedule.on_epoch_end(0, _measurement(0, schedule, ratios=None, errors=errors))
+    # ranks 1, 2, 4, 8, 16: low = cheapest with e <= 0.35, high = cheapest with e <= 0.65
+    assert schedule.endpoints == [(4, 2), (2, 1), (1, 1), (16, 16), (8, 1)]
+    assert schedule.plan.levels == [4, 2, 1, 16, 8]  # all critical at the first check
+
+
+def test_pinned_to_accordions_endpoints_and_eta_it_decides_as_accordion():
+    """Acceptance 5 at the schedule: the same detector measurements give the same plans."""
+    from accordion_repro.accordion.detector import CriticalRegimeDetector
+
+    options = dict(interval=2, eta=0.5)
+    auto, accordion = _schedule(low=2, high=1, **options), _schedule("accordion", low=2, high=1,
+                                                                     **options)
+    probe, detector = auto.make_detector(), accordion.make_detector()
+    assert isinstance(detector, CriticalRegimeDetector)
+    gen = torch.Generator().manual_seed(0)
+    lrs = [0.1] * 5 + [0.01] * 4 + [0.001] * 3
+    for epoch in range(len(lrs) - 1):
+        for _ in range(3):
+            grads = [torch.randn(n * m, generator=gen) * (1 + epoch % 3) for n, m in SHAPES]
+            probe.accumulate(grads)
+            detector.accumulate(grads)
+        planned = auto.on_epoch_end(epoch, probe.end_epoch(epoch, lrs[epoch], lrs[epoch + 1]))
+        expected = accordion.on_epoch_end(epoch, detector.end_epoch(epoch, lrs[epoch], lrs[epoch + 1]))
+        assert planned.levels == expected.levels, epoch
+
+
+def test_its_state_resumes_the_same_decisions():
+    first = _schedule(interval=1, low_share=0.4)
+    for e in range(3):
+        first.on_epoch_end(e, _measurement(e, first, ratios=RATIOS[e]))
+    second = _schedule(interval=1, low_share=0.4)
+    second.load_state_dict(first.state_dict())
+    for e in range(3, len(RATIOS)):
+        a = first.on_epoch_end(e, _measurement(e, first, ratios=RATIOS[e]))
+        b = second.on_epoch_end(e, _measurement(e, second, ratios=RATIOS[e]))
+        assert a.levels == b.levels and first.eta == second.eta
+
+
+@pytest.mark.parametrize("options, key", [
+    (dict(error_low=0.6, error_high=0.5), "schedule.error_high"),
+    (dict(error_low=0.0), "schedule.error_low"),
+    (dict(low_share=1.5), "schedule.low_share"),
+    (dict(low=32), "schedule.low"),
+    (dict(low=1, high=2), "schedule.high"),
+    (dict(max_rank=0), "schedule.max_rank"),
+], ids=["high-tighter-than-low", "error-zero", "share-above-one", "low-above-max-rank",
+        "high-above-low", "max-rank-zero"])
+def test_bad_options_are_refused_naming_the_key(options, key):
+    with pytest.raises(ConfigError) as err:
+        _schedule(**options)
+    assert err.value.key == key
+
+
+def test_topk_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="chooses PowerSGD ranks, but compressor 'topk'"):
+        build_schedule("auto", num_layers=1, compressor="topk", default_level=0.1,
+                       base_global_batch=64, world_size=2, layer_shapes=[(8, 8)])
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_two_rank_auto_run_moves_levels_and_resumes_to_the_same_decisions(tmp_path):
+    """Through the trainer on 2 gloo ranks (the level check before every forward would stop
+    ranks whose levels differ): the measured endpoints move layers off the largest candidate,
+    and a run stopped after epoch 0 and resumed logs the uninterrupted run's metrics, levels
+    and detector ratios included."""
+    from conftest import read_metrics, read_summary, train
+
+    common = ["model=resnet18", "model.width=0.125", "dataset=synthetic_cifar10",
+              "dataset.train_size=128", "dataset.test_size=32", "trainer.batch_size=16",
+              "trainer.max_eval_steps=1", "compressor=powersgd", "schedule=auto",
+              "schedule.interval=1", "schedule.low_share=0.3", "schedule.max_rank=8",
+              "dist.nproc_per_node=2", "trainer.epochs=3", "trainer.max_steps_per_epoch=3",
+              "optim.warmup_epochs=0", "optim.decay_at=[2]"]
+    whole = train(common, tmp_path / "whole")
+    train(common + ["trainer.stop_after_epoch=0"], tmp_path / "split")
+    assert read_summary(tmp_path / "split")["status"] == "stopped"
+    train(common, tmp_path / "split")
+    timing = {"epoch_time_s", "compute_time_s", "comm_time_s"}
+    full, split = read_metrics(whole), read_metrics(tmp_path / "split")
+    assert [{k: v for k, v in r.items() if k not in timing} for r in full] == \
+        [{k: v for k, v in r.items() if k not in timing} for r in split]
+    assert full[0]["levels"] == {"8": 21}  # no error table before the first check
+    assert any(set(r["levels"]) - {"8"} for r in full[1:]), [r["levels"] for r in full]
