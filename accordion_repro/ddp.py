@@ -32,8 +32,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from .accordion import SCHEDULES, DetectorSettings, Plan, build_schedule
+from .accordion.controller import EpochDecision
 from .comm import level_option
-from .comm.collectives import broadcast_object
 from .comm.config import SETTINGS as COMPRESSOR_SETTINGS
 from .comm.ddp_hook import AccordionHookState, accordion_hook, check_agreement
 from .comm.fsdp import FSDPReducerState, is_fsdp_model
@@ -188,6 +188,7 @@ class AdaptiveCompression:
         # The level check and rank 0's decision travel as CPU tensors on a gloo group over
         # the same ranks (comm/collectives.py control_group): no GPU sync, no current device.
         self._control = self.state.reducer.comm.control()
+        self._decide = EpochDecision(self.schedule, self.detector, group=self._control, src=self._src)
         if not fsdp:  # an FSDP state has set each unit's custom reduce-scatter already
             ddp_model.register_comm_hook(self.state, accordion_hook)
         if self.check_levels:  # before FSDP's own pre-forward hook (its all-gather) too
@@ -248,20 +249,13 @@ class AdaptiveCompression:
         """
         if self.check_levels:  # every rank is here, at the same epoch (one line if not)
             check_agreement(self.state.reducer, ending_epoch=epoch)
-        decision = None
-        if self.detector is not None:
-            # A drop below lr_decay_rule's threshold is not shown to the detector as a decay.
-            shown_next = lr_next
-            if "lr_decay_rule" in self.schedule.options():
-                shown_next = lr_next if self._counts_as_decay(lr_now, lr_next) else lr_now
-            measured = self.detector.end_epoch(epoch, lr_now, shown_next)
-            decision = {"measured": measured, "report": self.detector.report}
-            if self.lr_drop is not None:
-                self._warn_if_continuous(epoch, lr_now, lr_next)
-        if self.schedule.needs_detector:
-            decision = broadcast_object(decision, src=self._src, group=self._control)
-        measured, report = (decision["measured"], decision["report"]) if decision else (None, {})
-        self.plan = self.schedule.on_epoch_end(epoch, measured)
+        # A drop below lr_decay_rule's threshold is not shown to the detector as a decay.
+        shown_next = lr_next
+        if "lr_decay_rule" in self.schedule.options():
+            shown_next = lr_next if self._counts_as_decay(lr_now, lr_next) else lr_now
+        self.plan, report = self._decide(epoch, lr_now, shown_next)
+        if self.detector is not None and self.lr_drop is not None:
+            self._warn_if_continuous(epoch, lr_now, lr_next)
         self.state.set_levels(self.plan.levels)
         self.report = {**report, "uncompressed_layers": self.uncompressed_layers,
                        "error_memory_bytes": self.state.reducer.memory_bytes()}

@@ -55,10 +55,10 @@ EXAMPLE_SETTINGS = 'compressor="powersgd", low=2, high=1, eta=0.5, interval=1'
 
 def _trainer_path_worker(rank, example_file):
     """The own-code example's training, driven as engine/trainer.py drives it: local gradients
-    into rank 0's detector, reducer.reduce, optimizer.step; rank 0's plan broadcast."""
+    into rank 0's detector, reducer.reduce, optimizer.step; rank 0's measurement broadcast."""
     from accordion_repro.accordion import build_schedule
     from accordion_repro.comm import build_reducer
-    from accordion_repro.engine.trainer import broadcast_from_rank0
+    from accordion_repro.accordion.controller import EpochDecision
 
     spec = importlib.util.spec_from_file_location("readme_example", example_file)
     example = importlib.util.module_from_spec(spec)
@@ -71,6 +71,7 @@ def _trainer_path_worker(rank, example_file):
                               default_level=2, base_global_batch=None, world_size=2, low=2,
                               high=1, eta=0.5, interval=1, lr_decay_rule=True, statistic="mean")
     detector = schedule.make_detector() if rank == 0 else None
+    decide = EpochDecision(schedule, detector)  # as engine/trainer.py decides
     averaged = schedule.make_detector() if rank == 0 else None  # the README's old advice
     plan = schedule.initial_plan()
     optimizer = torch.optim.SGD(params, lr=example.lr_at(0), momentum=0.9)
@@ -89,14 +90,12 @@ def _trainer_path_worker(rank, example_file):
             if averaged is not None:
                 averaged.accumulate([grads[i] for i in compressible])
             optimizer.step()
-        decision = None
-        if detector is not None:
-            lrs = example.lr_at(epoch), example.lr_at(epoch + 1)
-            decision = schedule.on_epoch_end(epoch, detector.end_epoch(epoch, *lrs))
+        lrs = example.lr_at(epoch), example.lr_at(epoch + 1)
+        plan, report = decide(epoch, *lrs)
+        if averaged is not None:
             averaged.end_epoch(epoch, *lrs)
-            reports.append(detector.report)
+            reports.append(report)
             averaged_reports.append(averaged.report)
-        plan = broadcast_from_rank0(decision)
     return {"params": [p.detach().clone() for p in params], "reports": reports,
             "averaged": averaged_reports}
 
@@ -173,7 +172,7 @@ def _accordion_vs_trainer_worker(rank):
     from accordion_repro.accordion import build_schedule
     from accordion_repro.comm import build_reducer
     from accordion_repro.ddp import Accordion
-    from accordion_repro.engine.trainer import broadcast_from_rank0
+    from accordion_repro.accordion.controller import EpochDecision
 
     results = {}
     # eta=10: no ratio reaches it, so epoch 1's check sends every layer to `high` (a switch).
@@ -199,6 +198,7 @@ def _accordion_vs_trainer_worker(rank):
                                           high=high, eta=10.0, interval=1, lr_decay_rule=True,
                                           statistic="mean")
                 detector = schedule.make_detector() if rank == 0 else None
+                decide = EpochDecision(schedule, detector)  # as engine/trainer.py decides
                 plan = schedule.initial_plan()
             trace, levels = [], []
             for epoch in range(3):
@@ -216,10 +216,7 @@ def _accordion_vs_trainer_worker(rank):
                 if path == "accordion":
                     levels.append(acc.end_epoch(epoch, 0.1, 0.1).levels)
                 else:
-                    decision = None
-                    if detector is not None:
-                        decision = schedule.on_epoch_end(epoch, detector.end_epoch(epoch, 0.1, 0.1))
-                    plan = broadcast_from_rank0(decision)
+                    plan, _ = decide(epoch, 0.1, 0.1)
                     levels.append(plan.levels)
             out[path] = (trace, levels)
         results[name] = out

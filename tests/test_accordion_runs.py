@@ -72,19 +72,25 @@ def test_joint_schedule_drives_levels_and_batch_from_one_detector(tmp_path):
 
 def _decide(rank: int, port: int, out) -> None:
     from accordion_repro.accordion import build_schedule
-    from accordion_repro.engine.trainer import broadcast_from_rank0
+    from accordion_repro.accordion.controller import EpochDecision
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
-    schedule = build_schedule("accordion", num_layers=2, compressor="powersgd", default_level=2,
-                              base_global_batch=16, world_size=2, low=2, high=1, interval=1, eta=0.5,
-                              lr_decay_rule=True, statistic="mean")
-    detector = schedule.make_detector()
+
+    def schedule():
+        return build_schedule("accordion", num_layers=2, compressor="powersgd", default_level=2,
+                              base_global_batch=16, world_size=2, low=2, high=1, interval=1,
+                              eta=0.5, lr_decay_rule=True, statistic="mean")
+
+    applied_schedule, local = schedule(), schedule()
+    detector, local_detector = applied_schedule.make_detector(), local.make_detector()
+    decide = EpochDecision(applied_schedule, detector)  # as the trainer decides
     for epoch, scale in enumerate([1.0, 1.0 if rank == 0 else 5.0]):  # rank 1's norms jump
-        detector.accumulate([torch.full((4, 4), scale), torch.full((4, 4), scale)])
-        critical = detector.end_epoch(epoch, 0.1, 0.1)
-        own = schedule.on_epoch_end(epoch, critical)
-    applied = broadcast_from_rank0(own)
+        grads = [torch.full((4, 4), scale), torch.full((4, 4), scale)]
+        detector.accumulate(grads)
+        local_detector.accumulate(grads)
+        own = local.on_epoch_end(epoch, local_detector.end_epoch(epoch, 0.1, 0.1))
+        applied, _ = decide(epoch, 0.1, 0.1)
     out.put((rank, own.levels, applied.levels))
     dist.destroy_process_group()
 

@@ -1,9 +1,9 @@
 """The training loop: local gradients -> detector -> reducer -> optimizer, epoch after epoch.
 
 One loop serves every model, compressor and schedule: the task hides the data, the reducer the
-communication, the schedule the adaptation. At the end of each epoch rank 0 turns the detector's
-view into a plan (levels, batch size, LR scale) and broadcasts it, so every rank applies the same
-plan from the next epoch on.
+communication, the schedule the adaptation. At the end of each epoch rank 0's measurement is
+broadcast and every rank's schedule turns it into the same plan (levels, batch size, LR scale)
+for the next epoch (accordion/controller.py, as the own-code objects do).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from accordion_repro.accordion import Plan, build_schedule
+from accordion_repro.accordion.controller import EpochDecision
 from accordion_repro.comm import build_reducer, compressor_level
-from accordion_repro.comm.collectives import broadcast_object as broadcast_from_rank0  # src 0
 from accordion_repro.comm.collectives import control_group
 from accordion_repro.comm.collectives import distributed as _distributed
 from accordion_repro.comm.stats import CommStats
@@ -148,6 +148,7 @@ class Trainer:
         self.optimizer = build_optimizer(self.optim, self.params, lr=self.epoch_lr(0))
         # Stop requests and rank 0's plan go on the CPU (gloo): NCCL runs pay no GPU sync.
         self._control_group = control_group() if _distributed() else None
+        self._decide = EpochDecision(self.schedule, self.detector, group=self._control_group)
         self.start_epoch = 0
         self.config_change = cfg.get("_config_change") or {}
         self.wandb_id = None
@@ -448,17 +449,12 @@ class Trainer:
         The record describes the epoch just trained (its levels, batch and LR scale) and the
         decision taken at its end (how many layers are critical, the detector's norms).
         """
-        info, decision = {}, None
-        if self.rank == 0:
-            used = self.schedule.info()
-            critical = (self.detector.end_epoch(epoch, self.epoch_lr(epoch), self.epoch_lr(epoch + 1))
-                        if self.detector is not None else None)
-            decision = self.schedule.on_epoch_end(epoch, critical)
-            decided = self.schedule.info()
-            info = {key: used[key] for key in ("levels", "layer_levels", "lr_scale")}
-            info.update(critical_layers=decided["critical_layers"], critical_model=decided["critical_model"],
-                        next_levels=decided["levels"],
-                        detector=self.detector.report if self.detector is not None else None)
-        # the schedule's own state lives on rank 0 only
-        self.plan = broadcast_from_rank0(decision, group=self._control_group)
+        used = self.schedule.info()
+        self.plan, report = self._decide(epoch, self.epoch_lr(epoch), self.epoch_lr(epoch + 1))
+        if self.rank != 0:
+            return {}
+        decided = self.schedule.info()
+        info = {key: used[key] for key in ("levels", "layer_levels", "lr_scale")}
+        info.update(critical_layers=decided["critical_layers"], critical_model=decided["critical_model"],
+                    next_levels=decided["levels"], detector=report or None)
         return info
