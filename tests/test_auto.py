@@ -8,14 +8,16 @@ Accordion's endpoints and eta it *is* Accordion, decision by decision; and its s
 
 from __future__ import annotations
 
+import itertools
 import math
+import random
 
 import pytest
 import torch
 
 from accordion_repro.accordion import build_schedule
-from accordion_repro.accordion.auto import (cheapest_within, eta_for_share, power_of_two_ranks,
-                                            relative_errors)
+from accordion_repro.accordion.auto import (cheapest_within, eta_for_share, least_error_within,
+                                            power_of_two_ranks, relative_errors)
 from accordion_repro.errors import ConfigError
 
 SHAPES = [(64, 96), (48, 80), (32, 64), (40, 40), (16, 128)]
@@ -68,6 +70,73 @@ def test_the_eta_floor_only_ever_raises_eta():
     assert eta_for_share(ratios, 0.5) == 0.03
     assert eta_for_share(ratios, 0.5, floor=0.1) == 0.1  # noise: nothing flagged
     assert eta_for_share(ratios, 0.5, floor=0.001) == 0.03
+
+
+def _tables(seed, layers=5, levels=4):
+    """Errors falling and costs rising with the level, as a layer's candidates have them."""
+    rng = random.Random(seed)
+    errors = [sorted((rng.random() for _ in range(levels)), reverse=True) for _ in range(layers)]
+    costs = [sorted(rng.sample(range(10, 400), levels)) for _ in range(layers)]
+    return errors, costs
+
+
+def _brute_force(errors, costs, budget):
+    fits = [(sum(e[i] for e, i in zip(errors, pick)), pick)
+            for pick in itertools.product(*(range(len(c)) for c in costs))
+            if sum(c[i] for c, i in zip(costs, pick)) <= budget]
+    return min(fits)[0] if fits else None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_budget_dp_equals_brute_force_on_5_layers_x_4_levels(seed):
+    """Integer costs and budgets half-way between integers: the DP's rounding of costs up to
+    its grid (budget / bins) then misses no plan, and brute force must agree exactly."""
+    errors, costs = _tables(seed)
+    for budget in (200.5, 500.5, 900.5, 1400.5):
+        pick = least_error_within(errors, costs, budget, bins=100_000)
+        best = _brute_force(errors, costs, budget)
+        if best is None:  # nothing fits: the cheapest candidates
+            assert pick == [0] * len(costs)
+            continue
+        assert sum(c[i] for c, i in zip(costs, pick)) <= budget
+        assert sum(e[i] for e, i in zip(errors, pick)) == pytest.approx(best), budget
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_larger_budget_never_raises_the_summed_error_and_no_single_step_up_fits(seed):
+    """The summed error is monotone in the budget, and the plan is maximal: raising any one
+    layer to its next candidate would exceed the budget (else the DP would have)."""
+    errors, costs = _tables(seed)
+    totals = []
+    for budget in [b + 0.5 for b in range(100, 1600, 50)]:
+        pick = least_error_within(errors, costs, budget, bins=100_000)
+        totals.append(sum(e[i] for e, i in zip(errors, pick)))
+        spent = sum(c[i] for c, i in zip(costs, pick))
+        if spent > budget:  # nothing fits: the cheapest candidates
+            assert pick == [0] * len(costs)
+            continue
+        for layer, i in enumerate(pick):
+            if i + 1 < len(costs[layer]):
+                assert spent - costs[layer][i] + costs[layer][i + 1] > budget
+    assert totals == sorted(totals, reverse=True)
+
+
+def test_one_layers_error_may_rise_with_the_budget_as_an_exact_knapsack_allows():
+    """Why the monotonicity above is of the summed error: within 3.5 the least error is layer
+    A cheap and B dear (10 + 5); within 4.5, A dear and B cheap (0 + 10), so B's error rises."""
+    errors, costs = [[10.0, 0.0], [10.0, 5.0]], [[1, 3], [1, 2]]
+    assert least_error_within(errors, costs, 3.5, bins=1000) == [0, 1]
+    assert least_error_within(errors, costs, 4.5, bins=1000) == [1, 0]
+
+
+def test_a_budget_sets_the_high_endpoints_and_error_low_the_low_ones():
+    schedule = _schedule(interval=1, error_low=0.35, budget=0.05, max_rank=16)
+    errors = [[0.9, 0.6, 0.3, 0.1, 0.0]] * len(SHAPES)
+    schedule.on_epoch_end(0, _measurement(0, schedule, ratios=None, errors=errors))
+    dense = sum(n * m for n, m in SHAPES)
+    highs = [high for _, high in schedule.endpoints]
+    assert sum((n + m) * r for (n, m), r in zip(SHAPES, highs)) <= 0.05 * dense
+    assert [low for low, _ in schedule.endpoints] == [4] * len(SHAPES)
 
 
 def _measurement(epoch, schedule, *, ratios, lr_fired=False, errors=None):

@@ -11,7 +11,9 @@ both come from what rank 0 already measures:
   (`torch.linalg.svdvals` in float64; at CIFAR sizes one SVD per layer and check costs
   milliseconds beside an epoch, and warm-started power iterations would only bound e(r)).
   `low` is the cheapest candidate with e <= `error_low`, `high` the cheapest with
-  e <= `error_high` (looser, so never more than `low`). Either may be pinned to a rank.
+  e <= `error_high` (looser, so never more than `low`). Either may be pinned to a rank. With
+  `budget` (a share of the dense gradient's floats per step) the high plan is instead the one of
+  least summed error whose floats fit the budget, by L-GreCo's knapsack (lgreco.py).
 - *eta from a traffic share.* With `low_share` = f, eta becomes the (1 - f) quantile of this
   check's per-layer norm ratios |prev - cur| / prev, floored at `eta_floor`: about f of the
   layers run at `low` after each check. f = 1 is static `low`, f = 0 static `high` (the floor
@@ -33,7 +35,7 @@ import torch
 from ..errors import ConfigError
 from ..options import Options, option
 from .detector import CriticalRegimeDetector, DetectorSettings
-from .lgreco import ErrorProbe, layer_cost, rank_errors
+from .lgreco import ErrorProbe, layer_cost, least_total_within, rank_errors
 from .schedules import Plan, ScheduleOptions, _detector
 from .successors import _rank, _ShapedSchedule
 
@@ -62,6 +64,19 @@ def cheapest_within(errors: Sequence[float], costs: Sequence[int], target: float
     if not fitting:
         return min(range(len(errors)), key=lambda i: (errors[i], costs[i]))
     return min(fitting, key=lambda i: (costs[i], errors[i]))
+
+
+def least_error_within(errors: Sequence[Sequence[float]], costs: Sequence[Sequence[int]],
+                       budget: float, bins: int) -> list[int]:
+    """Per layer, the candidate index of least summed error with summed cost <= budget: L-GreCo's
+    knapsack (lgreco.least_total_within) with the roles of error and size swapped. Costs are
+    rounded *up* to multiples of budget / bins, so a plan found never exceeds the budget (one
+    that fits by less than layers x budget / bins may be missed); when nothing fits, the
+    cheapest candidates."""
+    step = budget / bins
+    units = [[math.ceil(cost / step - 1e-9) for cost in layer] for layer in costs]
+    chosen = least_total_within(units, errors, bins)
+    return chosen if chosen is not None else [min(range(len(c)), key=c.__getitem__) for c in costs]
 
 
 def eta_for_share(ratios: Sequence[float | None], share: float, floor: float = 0.0) -> float:
@@ -97,6 +112,11 @@ class AutoSettings(DetectorSettings):
     low_share: float | None = option(Options.number, high=1.0, closed="low+high", optional=True,
                                      default=None)
     eta_floor: float = option(Options.number, closed="low", default=0.0)
+    # a traffic budget for the high level instead of error_high: the floats one step may send
+    # with every layer at `high`, as a share of the dense gradient's; the DP's grid in steps of it
+    budget: float | None = option(Options.number, high=1.0, closed="high", optional=True,
+                                  default=None)
+    bins: int = option(Options.integer, default=10_000)
 
     def __post_init__(self):
         if self.error_high < self.error_low:
@@ -166,9 +186,14 @@ class AutoSchedule(_ShapedSchedule):
     def choose_endpoints(self, errors: Sequence[Sequence[float]]) -> list[tuple[int, int]]:
         """(low, high) per layer from its error table; a pinned endpoint stays pinned."""
         s, chosen = self.settings, []
-        for layer_errors, costs in zip(errors, self.costs):
+        if s.budget is not None:  # the whole high plan within the budget, least summed error
+            dense = sum(n * m for n, m in self.layer_shapes)
+            picks = least_error_within(errors, self.costs, s.budget * dense, s.bins)
+        else:
+            picks = [cheapest_within(e, c, s.error_high) for e, c in zip(errors, self.costs)]
+        for layer_errors, costs, pick in zip(errors, self.costs, picks):
             low = s.low or self.ranks[cheapest_within(layer_errors, costs, s.error_low)]
-            high = s.high or self.ranks[cheapest_within(layer_errors, costs, s.error_high)]
+            high = s.high or self.ranks[pick]
             chosen.append((low, min(high, low)))
         return chosen
 

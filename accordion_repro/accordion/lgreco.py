@@ -53,31 +53,41 @@ def choose_ranks(errors: Sequence[Sequence[float]], costs: Sequence[Sequence[int
     Ties in cost go to the smaller total error. If no choice fits (alpha below what the best
     candidates reach), every layer takes its least-error candidate.
     """
-    num_layers = len(errors)
-    if num_layers == 0:
+    if not errors:
         return []
     capacity = math.floor(alpha * bins + 1e-9)
     if reference <= 0.0:  # nothing to lose (all-zero gradients): the cheapest candidates
         return [int(np.argmin(c)) for c in costs]
     step = reference / bins
     units = [[grid_units(e, step, capacity) for e in layer] for layer in errors]
-    best = np.full(capacity + 1, np.inf)  # best[u] = least cost of the layers so far using u units
+    chosen = least_total_within(units, costs, capacity)
+    return chosen if chosen is not None else [int(np.argmin(layer)) for layer in errors]
+
+
+def least_total_within(units: Sequence[Sequence[int]], values: Sequence[Sequence[float]],
+                       capacity: int) -> list[int] | None:
+    """The knapsack both budget forms solve (L-GreCo's: least size within an error budget;
+    schedule=auto's: least error within a size budget): per layer the index of one candidate,
+    least summed value with summed units <= capacity (of equal values, the fewest units; of
+    equal candidates in a layer, the first). None when no choice fits."""
+    num_layers = len(units)
+    best = np.full(capacity + 1, np.inf)  # best[u] = least value of the layers so far using u units
     best[0] = 0.0
     picks = np.full((num_layers, capacity + 1), -1, dtype=np.int64)
     for layer in range(num_layers):
         new = np.full(capacity + 1, np.inf)
-        for choice, (unit, cost) in enumerate(zip(units[layer], costs[layer])):
+        for choice, (unit, value) in enumerate(zip(units[layer], values[layer])):
             if unit > capacity:
                 continue
             shifted = np.full(capacity + 1, np.inf)
-            shifted[unit:] = best[:capacity + 1 - unit] + cost
+            shifted[unit:] = best[:capacity + 1 - unit] + value
             better = shifted < new
             new[better] = shifted[better]
             picks[layer][better] = choice
         best = new
     if not np.isfinite(best).any():
-        return [int(np.argmin(layer)) for layer in errors]
-    used = int(np.argmin(best))  # the least cost; of equal costs, the fewest units
+        return None
+    used = int(np.argmin(best))
     chosen = [0] * num_layers
     for layer in range(num_layers - 1, -1, -1):
         chosen[layer] = int(picks[layer][used])
