@@ -47,9 +47,13 @@ COLUMNS = (
     "model", "width", "world_size", "method", "powersgd_rank",
     "bytes_per_rank_step", "fsdp_reduce_scatter_bytes_per_rank_step", "fewer_bytes_x",
     "uncompressed_layers", "error_memory_bytes_per_rank",
+    "allgather_bytes_per_rank_step", "allgathers_per_step",
     "link", "bandwidth_bps", "wire_bytes_per_rank_step", "fewer_wire_bytes_x",
     "step_median_ms", "step_p25_ms", "step_p75_ms", "steps_timed", "compute_ms",
-    "link_ms", "bound_ms", "step_over_bound", "load_avg_1m_start", "load_avg_1m_end", "cpus",
+    "link_ms", "bound_ms", "step_over_bound", "allreduce_rate", "allgather_rate",
+    "gloo_bound_ms", "step_over_gloo_bound", "allgather_ms", "allgather_rate_in_step",
+    "step_less_allgather_ms", "compute_less_allgather_ms",
+    "load_avg_1m_start", "load_avg_1m_end", "cpus",
 )
 
 
@@ -94,6 +98,34 @@ def _tx_bytes(device: str | None) -> int:
         return tx_bytes_from(f.read(), device)
 
 
+def _counting_all_gather():
+    """FSDP's default all-gather (the parameters, before a unit's forward and, resharded after
+    it, again before its backward), counting its calls, the bytes of its input and the seconds
+    until it completes. It is waited for at once (FSDP's later wait finds it done), which costs
+    no overlap here: ResNet-18 is sharded into 3 units (stem, body, classifier) and the body's
+    all-gather, nearly all the bytes, is needed at once in the forward and prefetched in the
+    backward only behind the classifier's (tiny) backward."""
+    import time
+
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather
+
+    class Counting(DefaultAllGather):
+        sent = calls = 0
+        seconds = 0.0
+
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            Counting.sent += input_tensor.numel() * input_tensor.element_size()
+            Counting.calls += 1
+            start = time.perf_counter()
+            work = super().__call__(output_tensor, input_tensor, group, async_op=async_op)
+            if work is not None:
+                work.wait()
+            Counting.seconds += time.perf_counter() - start
+            return work
+
+    return Counting
+
+
 def _counting_reduce_scatter():
     """FSDP's default reduce-scatter, counting the bytes of its input."""
     import torch
@@ -134,6 +166,9 @@ class Arm:
         self.model = shard_model(build_model("resnet18", num_classes=10, width=width),
                                  torch.device("cpu"))
         self.powersgd_rank, self.acc, self.counting = powersgd_rank, None, None
+        self.gathers = _counting_all_gather()
+        for unit in fsdp_units(self.model):
+            unit.set_custom_all_gather(self.gathers())
         if powersgd_rank is None:
             self.counting = _counting_reduce_scatter()
             for unit in fsdp_units(self.model):
@@ -143,7 +178,7 @@ class Arm:
             self.acc.set_levels([powersgd_rank] * len(self.acc.layer_names))
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         self.device = os.environ.get("GLOO_SOCKET_IFNAME")
-        self.warmup, self.steps, self.wire = warmup, 0, 0
+        self.warmup, self.steps, self.wire, self.gather_s = warmup, 0, 0, []
 
     def step(self) -> float:
         """One training step's seconds, timed after a barrier of every rank. The veth counter
@@ -155,7 +190,7 @@ class Arm:
         import torch.distributed as dist
 
         dist.barrier()
-        tx = _tx_bytes(self.device)
+        tx, gathering = _tx_bytes(self.device), self.gathers.seconds
         start = time.perf_counter()
         self.optimizer.zero_grad()
         torch.nn.functional.cross_entropy(self.model(self.x), self.y).backward()
@@ -165,24 +200,32 @@ class Arm:
         self.steps += 1
         if self.steps > self.warmup:
             self.wire += _tx_bytes(self.device) - tx
+            self.gather_s.append(self.gathers.seconds - gathering)
         elif self.steps == self.warmup:
             self._counters()  # forget the warm-up's collectives
         return elapsed
 
-    def _counters(self) -> tuple[int, int, int]:
-        """(bytes sent, FSDP's reduce-scatter bytes, uncompressed layers) since the last call."""
+    def _counters(self) -> tuple[int, int, int, int, int]:
+        """(bytes sent, FSDP's reduce-scatter bytes, uncompressed layers, all-gather bytes and
+        calls) since the last call."""
+        gathered, calls = self.gathers.sent, self.gathers.calls
+        self.gathers.sent = self.gathers.calls = 0
         if self.acc is None:
             sent, self.counting.sent = self.counting.sent, 0
-            return sent, sent, 0
+            return sent, sent, 0, gathered, calls
         stats = self.acc.pop_stats()
-        return stats.bytes_sent, stats.fsdp_reduce_scatter_bytes, stats.uncompressed_layers
+        return (stats.bytes_sent, stats.fsdp_reduce_scatter_bytes, stats.uncompressed_layers,
+                gathered, calls)
 
     def traffic(self) -> dict:
-        """Per timed step: collective input bytes, FSDP's own, veth bytes (this rank)."""
+        """Per timed step: gradient-collective input bytes, FSDP's own reduce-scatter's, its
+        parameter all-gathers' (input bytes, calls), veth bytes (this rank)."""
         timed = self.steps - self.warmup
-        sent, fsdp, uncompressed = self._counters()
+        sent, fsdp, uncompressed, gathered, calls = self._counters()
         return {"bytes": sent // timed, "fsdp_bytes": fsdp // timed,
-                "uncompressed_layers": uncompressed // timed, "wire_bytes": self.wire / timed,
+                "uncompressed_layers": uncompressed // timed,
+                "allgather_bytes": gathered // timed, "allgathers": calls // timed,
+                "wire_bytes": self.wire / timed, "allgather_s": self.gather_s,
                 "error_memory_bytes": self.acc.state.reducer.memory_bytes() if self.acc else None}
 
 
@@ -247,13 +290,31 @@ def env_rank(args) -> int:
     return 0
 
 
+def gloo_link_ms(wire_bytes: float, allgather_bytes: float, allgathers: int,
+                 calibration) -> tuple[float, float, float]:
+    """(ms, all-reduce rate, all-gather rate): the link's time for one step's wire bytes at
+    the fractions of line rate gloo's collectives reached on it (benchmarks/netbench/bench.py's
+    probes): the parameter all-gathers at the all-gather rate of their mean size, the rest
+    (the gradient reduction, headers, retransmissions) at the all-reduce rate."""
+    per_call = allgather_bytes / allgathers if allgathers else 0.0
+    ar, ag = calibration.rate(calibration.bulk), calibration.allgather_rate(per_call)
+    seconds = 8 * (allgather_bytes / ag + (wire_bytes - allgather_bytes) / ar)
+    return 1e3 * seconds / calibration.bandwidth_bps, ar, ag
+
+
+def _median_less(arm: dict) -> float:
+    """The median step less its time in FSDP's all-gathers (ms)."""
+    return 1e3 * statistics.median(t - g for t, g in zip(arm["samples"], arm["allgather_s"]))
+
+
 def rows_from(record: dict, *, shaped: dict | None = None, compute: dict | None = None,
-              link: str = "", bandwidth_bps: float | None = None,
+              link: str = "", bandwidth_bps: float | None = None, calibration=None,
               load: tuple[float, float] | None = None, cpus: int | None = None) -> list[dict]:
     """One row per width and arm. `record` gives the bytes; with a link, `shaped` (the same
     launch's record through the shaped link, usually `record` itself) gives the step and the
     wire bytes, `compute` (the unshaped launch's) the compute, and the bound is
-    compute_ms + 8 * wire_bytes / bandwidth_bps."""
+    compute_ms + 8 * wire_bytes / bandwidth_bps; with the link's `calibration` (a
+    LinkCalibration) also the bound at the rates gloo reached on it (gloo_link_ms)."""
     rows = []
     for width, arms in record["widths"].items():
         fsdp_wire = shaped["widths"][width][FSDP]["wire_bytes"] if shaped else None
@@ -265,7 +326,9 @@ def rows_from(record: dict, *, shaped: dict | None = None, compute: dict | None 
                    "fsdp_reduce_scatter_bytes_per_rank_step": arm["fsdp_bytes"],
                    "fewer_bytes_x": round(arm["fsdp_bytes"] / arm["bytes"], 1),
                    "uncompressed_layers": None if powersgd_rank is None else arm["uncompressed_layers"],
-                   "error_memory_bytes_per_rank": arm["error_memory_bytes"]}
+                   "error_memory_bytes_per_rank": arm["error_memory_bytes"],
+                   "allgather_bytes_per_rank_step": arm["allgather_bytes"],
+                   "allgathers_per_step": arm["allgathers"]}
             if shaped is not None:
                 timed = shaped["widths"][width][name]
                 q = quantile_rows({name: timed["samples"]})[0]
@@ -281,6 +344,20 @@ def rows_from(record: dict, *, shaped: dict | None = None, compute: dict | None 
                     "compute_ms": round(compute_ms, 1), "link_ms": round(link_ms, 1),
                     "bound_ms": round(bound, 1), "step_over_bound": round(q["median_ms"] / bound, 3),
                     "load_avg_1m_start": load[0], "load_avg_1m_end": load[1], "cpus": cpus})
+                unshaped = compute["widths"][width][name]
+                gather_ms = 1e3 * statistics.median(timed["allgather_s"])
+                row.update({
+                    "allgather_ms": round(gather_ms, 1),
+                    "allgather_rate_in_step": round(
+                        8e3 * timed["allgather_bytes"] / gather_ms / bandwidth_bps, 3),
+                    "step_less_allgather_ms": round(_median_less(timed), 1),
+                    "compute_less_allgather_ms": round(_median_less(unshaped), 1)})
+                if calibration is not None:
+                    gloo_ms, ar, ag = gloo_link_ms(timed["wire_bytes"], timed["allgather_bytes"],
+                                                   timed["allgathers"], calibration)
+                    row.update({"allreduce_rate": round(ar, 3), "allgather_rate": round(ag, 3),
+                                "gloo_bound_ms": round(compute_ms + gloo_ms, 1),
+                                "step_over_gloo_bound": round(q["median_ms"] / (compute_ms + gloo_ms), 3)})
             rows.append(row)
     return rows
 
@@ -300,25 +377,29 @@ def _rank_argv(args, raw: Path) -> list[str]:
             "--steps", str(args.steps), "--warmup", str(args.warmup)]
 
 
-def measure_link(args, link, work: Path) -> tuple[dict, dict, str]:
-    """(unshaped record, shaped record, the link's label): the same arms launched twice as
-    rank 0 and rank 1 of a veth pair, first unshaped, then shaped to `link`."""
-    from benchmarks.netbench.bench import link_pair
+def measure_link(args, link, work: Path):
+    """(unshaped record, shaped record, the shaped link's LinkCalibration): the same arms
+    launched twice as rank 0 and rank 1 of a veth pair, first unshaped, then shaped to `link`,
+    whose raw gloo collectives are probed first (benchmarks/netbench/bench.py)."""
+    from benchmarks.netbench.bench import calibrate, link_calibration, link_pair
     from benchmarks.netbench.ranks import run_two_ranks
 
-    records, label = {}, ""
+    records, calibration = {}, None
     for name, spec in (("unshaped", None), ("shaped", link)):
         pair, shaping = link_pair(spec, "fsdp")
         try:
             if shaping is not None:
-                label = shaping.label
+                print(f"{NAME}: probing the link ...", flush=True)
+                probes = calibrate(pair, work / "calibration")
+                (work / "calibration.json").write_text(json.dumps(probes))
+                calibration = link_calibration(shaping, probes)
             raw = work / name / "raw.json"
             print(f"{NAME}: {name} ...", flush=True)
             run_two_ranks(pair, _rank_argv(args, raw), log_dir=raw.parent, timeout_s=args.timeout)
             records[name] = json.loads(raw.read_text())
         finally:
             pair.teardown()
-    return records["unshaped"], records["shaped"], label
+    return records["unshaped"], records["shaped"], calibration
 
 
 def main(argv=None) -> int:
@@ -350,18 +431,22 @@ def main(argv=None) -> int:
     def run() -> list[dict]:
         start = os.getloadavg()[0]
         with teardown_on_signals():
-            unshaped, shaped, label = measure_link(args, link, work)
+            unshaped, shaped, calibration = measure_link(args, link, work)
         load = (round(start, 2), round(os.getloadavg()[0], 2))
         (work / "command.txt").write_text(command + "\n")
-        return rows_from(shaped, shaped=shaped, compute=unshaped, link=label,
-                         bandwidth_bps=link.bandwidth_bps, load=load, cpus=os.cpu_count())
+        return rows_from(shaped, shaped=shaped, compute=unshaped, link=calibration.label,
+                         bandwidth_bps=link.bandwidth_bps, calibration=calibration, load=load,
+                         cpus=os.cpu_count())
 
     code, rows = run_reported(NAME, run)
     if rows:
         for row in rows:
             print({k: row[k] for k in ("width", "method", "powersgd_rank", "bytes_per_rank_step",
                                        "wire_bytes_per_rank_step", "step_median_ms",
-                                       "compute_ms", "bound_ms", "step_over_bound")})
+                                       "compute_ms", "bound_ms", "step_over_bound",
+                                       "gloo_bound_ms", "step_over_gloo_bound", "allgather_ms",
+                                       "allgather_rate_in_step", "step_less_allgather_ms",
+                                       "compute_less_allgather_ms")})
         _write(rows, args.out)
     return code
 

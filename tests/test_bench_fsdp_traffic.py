@@ -9,6 +9,8 @@ import io
 
 import pytest
 
+from benchmarks.netbench.bench import link_calibration
+from benchmarks.netbench.netns import LinkSpec, ShapingReport
 from benchmarks.netbench.report import csv_text
 from conftest import load_script
 
@@ -30,19 +32,34 @@ def test_tx_bytes_is_the_transmit_column_of_the_named_device():
 
 
 def record(fsdp_wire: float, acc_wire: float, fsdp_s: list[float], acc_s: list[float]) -> dict:
+    """Both arms all-gather 1 MB in 4 calls, which take half of each step."""
+    gathers = {"allgather_bytes": 1_000_000, "allgathers": 4}
     return {"world": 2, "widths": {"1": {
         bench.FSDP: {"samples": fsdp_s, "bytes": 4000, "fsdp_bytes": 4000, "uncompressed_layers": 0,
-                     "wire_bytes": fsdp_wire, "error_memory_bytes": None},
+                     "wire_bytes": fsdp_wire, "error_memory_bytes": None, **gathers,
+                     "allgather_s": [t / 2 for t in fsdp_s]},
         f"{bench.ACCORDION} r2": {"samples": acc_s, "bytes": 100, "fsdp_bytes": 4000,
                                   "uncompressed_layers": 0, "wire_bytes": acc_wire,
-                                  "error_memory_bytes": 3000}}}}
+                                  "error_memory_bytes": 3000, **gathers,
+                                  "allgather_s": [t / 2 for t in acc_s]}}}}
+
+
+def probe(nbytes: int, seconds: float) -> dict:
+    return {"numel": nbytes // 4, "bytes": nbytes, "times_s": [seconds] * 3}
+
+
+def calibration():
+    """A 100 Mbit/s link whose all-reduce ran at 0.8 of line rate, all-gather at 0.5."""
+    return link_calibration(ShapingReport(LinkSpec(1e8), latency_applied=False), {
+        "bulk": probe(8_000_000, 0.8), "gather": probe(8_000_000, 1.28),
+        "gather_small": probe(500_000, 0.08), "tiny": probe(4, 0.002)})
 
 
 def test_rows_hold_the_step_against_compute_plus_wire_bytes_over_the_rate():
     shaped = record(2_500_000, 1_250_000, [0.40, 0.30, 0.50], [0.20, 0.25, 0.15])
     unshaped = record(9, 9, [0.10, 0.12, 0.08], [0.05, 0.06, 0.04])
     rows = bench.rows_from(shaped, shaped=shaped, compute=unshaped, link="100 Mbit/s, 0 ms",
-                           bandwidth_bps=1e8, load=(1.5, 2.5), cpus=2)
+                           bandwidth_bps=1e8, calibration=calibration(), load=(1.5, 2.5), cpus=2)
     fsdp, acc = rows
     assert (fsdp["method"], fsdp["powersgd_rank"], fsdp["fewer_bytes_x"]) == (bench.FSDP, None, 1.0)
     assert (acc["method"], acc["powersgd_rank"], acc["fewer_bytes_x"]) == (bench.ACCORDION, 2, 40.0)
@@ -53,6 +70,14 @@ def test_rows_hold_the_step_against_compute_plus_wire_bytes_over_the_rate():
     assert acc["step_over_bound"] == pytest.approx(200 / 150, abs=1e-3)
     assert acc["fewer_wire_bytes_x"] == 2.0 and acc["steps_timed"] == 3
     assert (acc["load_avg_1m_start"], acc["load_avg_1m_end"], acc["cpus"]) == (1.5, 2.5, 2)
+    assert (acc["allgather_bytes_per_rank_step"], acc["allgathers_per_step"]) == (1_000_000, 4)
+    # at gloo's rates: 1 MB of all-gathers at 0.5 (160 ms), the other 0.25 MB at 0.8 (25 ms)
+    assert (acc["allreduce_rate"], acc["allgather_rate"]) == (0.8, 0.5)
+    assert acc["gloo_bound_ms"] == pytest.approx(50 + 160 + 25, abs=0.1)
+    assert acc["step_over_gloo_bound"] == pytest.approx(200 / 235, abs=1e-3)
+    # half of the median step, 100 ms, for 1 MB: 0.8 of line rate; the other half is left
+    assert (acc["allgather_ms"], acc["allgather_rate_in_step"]) == (100.0, 0.8)
+    assert (acc["step_less_allgather_ms"], acc["compute_less_allgather_ms"]) == (100.0, 25.0)
     written = list(csv.DictReader(io.StringIO(csv_text(rows, bench.COLUMNS))))
     assert list(written[0]) == list(bench.COLUMNS)
     assert written[0]["powersgd_rank"] == "" and written[1]["error_memory_bytes_per_rank"] == "3000"
