@@ -18,7 +18,10 @@ Bytes, two conventions:
 With `--bandwidth 100mbit` (root, iproute2, tc: the namespaces and shaping of
 benchmarks/netbench, docs/network_bench.md) the script runs its ranks twice, as rank 0 and
 rank 1 of one veth pair each time: unshaped (the step's compute, its memory-speed transfers
-included) and shaped. Bound of a row: compute_ms + 8 * wire_bytes_per_rank_step / bandwidth.
+included) and shaped, whose raw gloo collectives are probed first. Bound of a row: compute_ms +
+8 * wire_bytes_per_rank_step / bandwidth; a second bound at the rates gloo reached (gloo_link_ms);
+and the time in FSDP2's parameter all-gathers, counted and timed by a pass-through all-gather.
+Every column: docs/fsdp.md.
 
     python scripts/bench_fsdp_traffic.py [--widths 1.0 0.25] [--ranks 1 2 4] [--steps 5]
         [--warmup 1] [--bandwidth 100mbit] [--out results/bench/fsdp_traffic.csv]
