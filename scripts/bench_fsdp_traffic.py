@@ -55,7 +55,8 @@ COLUMNS = (
     "step_median_ms", "step_p25_ms", "step_p75_ms", "steps_timed", "compute_ms",
     "link_ms", "bound_ms", "step_over_bound", "allreduce_rate", "allgather_rate",
     "gloo_bound_ms", "step_over_gloo_bound", "allgather_ms", "allgather_rate_in_step",
-    "step_less_allgather_ms", "compute_less_allgather_ms",
+    "largest_allgather_bytes", "largest_allgather_rate", "step_less_allgather_ms",
+    "compute_less_allgather_ms",
     "load_avg_1m_start", "load_avg_1m_end", "cpus",
 )
 
@@ -115,6 +116,14 @@ def _counting_all_gather():
     class Counting(DefaultAllGather):
         sent = calls = 0
         seconds = 0.0
+        largest: list[float] = []  # seconds of each call of the largest size seen
+
+        @classmethod
+        def _note_largest(cls, nbytes: int, seconds: float) -> None:
+            if nbytes > getattr(cls, "largest_bytes", 0):
+                cls.largest_bytes, cls.largest = nbytes, []
+            if nbytes == cls.largest_bytes:
+                cls.largest.append(seconds)
 
         def __call__(self, output_tensor, input_tensor, group, async_op=False):
             Counting.sent += input_tensor.numel() * input_tensor.element_size()
@@ -123,7 +132,9 @@ def _counting_all_gather():
             work = super().__call__(output_tensor, input_tensor, group, async_op=async_op)
             if work is not None:
                 work.wait()
-            Counting.seconds += time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            Counting.seconds += elapsed
+            Counting._note_largest(input_tensor.numel() * input_tensor.element_size(), elapsed)
             return work
 
     return Counting
@@ -206,6 +217,7 @@ class Arm:
             self.gather_s.append(self.gathers.seconds - gathering)
         elif self.steps == self.warmup:
             self._counters()  # forget the warm-up's collectives
+            self.gathers.largest = []
         return elapsed
 
     def _counters(self) -> tuple[int, int, int, int, int]:
@@ -229,6 +241,7 @@ class Arm:
                 "uncompressed_layers": uncompressed // timed,
                 "allgather_bytes": gathered // timed, "allgathers": calls // timed,
                 "wire_bytes": self.wire / timed, "allgather_s": self.gather_s,
+                "largest_allgather": [self.gathers.largest_bytes, self.gathers.largest],
                 "error_memory_bytes": self.acc.state.reducer.memory_bytes() if self.acc else None}
 
 
@@ -305,6 +318,14 @@ def gloo_link_ms(wire_bytes: float, allgather_bytes: float, allgathers: int,
     return 1e3 * seconds / calibration.bandwidth_bps, ar, ag
 
 
+def _largest(largest: list, bandwidth_bps: float) -> dict:
+    """The largest all-gather (one rank's input bytes, a single gloo message) and the median
+    fraction of line rate its calls reached."""
+    nbytes, seconds = largest
+    return {"largest_allgather_bytes": nbytes, "largest_allgather_rate": round(
+        8 * nbytes / statistics.median(seconds) / bandwidth_bps, 3)}
+
+
 def _median_less(arm: dict) -> float:
     """The median step less its time in FSDP's all-gathers (ms)."""
     return 1e3 * statistics.median(t - g for t, g in zip(arm["samples"], arm["allgather_s"]))
@@ -353,6 +374,7 @@ def rows_from(record: dict, *, shaped: dict | None = None, compute: dict | None 
                     "allgather_ms": round(gather_ms, 1),
                     "allgather_rate_in_step": round(
                         8e3 * timed["allgather_bytes"] / gather_ms / bandwidth_bps, 3),
+                    **_largest(timed["largest_allgather"], bandwidth_bps),
                     "step_less_allgather_ms": round(_median_less(timed), 1),
                     "compute_less_allgather_ms": round(_median_less(unshaped), 1)})
                 if calibration is not None:
@@ -448,7 +470,8 @@ def main(argv=None) -> int:
                                        "wire_bytes_per_rank_step", "step_median_ms",
                                        "compute_ms", "bound_ms", "step_over_bound",
                                        "gloo_bound_ms", "step_over_gloo_bound", "allgather_ms",
-                                       "allgather_rate_in_step", "step_less_allgather_ms",
+                                       "allgather_rate_in_step", "largest_allgather_rate",
+                                       "step_less_allgather_ms",
                                        "compute_less_allgather_ms")})
         _write(rows, args.out)
     return code

@@ -33,7 +33,8 @@ def test_tx_bytes_is_the_transmit_column_of_the_named_device():
 
 def record(fsdp_wire: float, acc_wire: float, fsdp_s: list[float], acc_s: list[float]) -> dict:
     """Both arms all-gather 1 MB in 4 calls, which take half of each step."""
-    gathers = {"allgather_bytes": 1_000_000, "allgathers": 4}
+    gathers = {"allgather_bytes": 1_000_000, "allgathers": 4,
+               "largest_allgather": [400_000, [0.05, 0.04, 0.08]]}
     return {"world": 2, "widths": {"1": {
         bench.FSDP: {"samples": fsdp_s, "bytes": 4000, "fsdp_bytes": 4000, "uncompressed_layers": 0,
                      "wire_bytes": fsdp_wire, "error_memory_bytes": None, **gathers,
@@ -78,6 +79,8 @@ def test_rows_hold_the_step_against_compute_plus_wire_bytes_over_the_rate():
     # half of the median step, 100 ms, for 1 MB: 0.8 of line rate; the other half is left
     assert (acc["allgather_ms"], acc["allgather_rate_in_step"]) == (100.0, 0.8)
     assert (acc["step_less_allgather_ms"], acc["compute_less_allgather_ms"]) == (100.0, 25.0)
+    # its largest call, 0.4 MB, in a median 50 ms: 0.64 of line rate
+    assert (acc["largest_allgather_bytes"], acc["largest_allgather_rate"]) == (400_000, 0.64)
     written = list(csv.DictReader(io.StringIO(csv_text(rows, bench.COLUMNS))))
     assert list(written[0]) == list(bench.COLUMNS)
     assert written[0]["powersgd_rank"] == "" and written[1]["error_memory_bytes_per_rank"] == "3000"
