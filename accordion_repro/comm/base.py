@@ -4,7 +4,8 @@ A reducer turns each worker's local gradients into the averaged (decompressed) g
 place. Tensors with 2 or more dimensions are "layers" that may be compressed (viewed as
 (shape[0], rest), so a conv weight is (out_channels, in*kh*kw)); every other tensor, and every
 layer whose level would not compress, is averaged exactly through one flat all-reduce that is
-issued first so it overlaps with the compression work.
+issued first so it overlaps with the compression work (or, after fold_dense, the DDP hook's
+packing, at the end of the compressed layers' first all-reduce: one collective fewer).
 
 One reduction is written once, as a generator of phases (`reduce_steps`): each phase starts
 collectives asynchronously and hands their work handles to whoever drives it. `reduce` drives
