@@ -7,7 +7,8 @@ rank, SGD with momentum, DDP's default buckets. Arms, interleaved in every round
 torch DDP dense (its built-in all-reduce), torch DDP + powerSGD_hook at ranks 1/2/4
 (start_powerSGD_iter=2, min_compression_rate=1, error feedback and warm start, as in
 bench_compressors.py; in one bucket, see below), our hook asynchronous (the default) and
-synchronous at the same ranks, and ours with Top-K at each `--topk` ratio. Each rank runs one
+synchronous at the same ranks, ACP-SGD (`compressor=acp_powersgd`) through our hook, both
+ways, at the same ranks, and ours with Top-K at each `--topk` ratio. Each rank runs one
 thread; times are rank 0's, after a barrier.
 
 `--compute` also times every arm's twin on a process group of one: the same model, hook,
@@ -77,6 +78,10 @@ def arm_specs(topk: tuple[float, ...] = (0.1,)) -> dict[str, tuple[str, dict]]:
         specs[f"torch powerSGD_hook r{r}"] = ("torch", {"rank": r})
         specs[f"ours async r{r}"] = ("ours", {"compressor": "powersgd", "async_op": True, "rank": r})
         specs[f"ours sync r{r}"] = ("ours", {"compressor": "powersgd", "async_op": False, "rank": r})
+    for r in RANKS:  # ACP-SGD: one factor per step (comm/acp.py), after every PowerSGD arm
+        for mode, async_op in (("async", True), ("sync", False)):
+            specs[f"ours {mode} acp r{r}"] = (
+                "ours", {"compressor": "acp_powersgd", "async_op": async_op, "rank": r})
     for ratio in topk:
         for mode, async_op in (("async", True), ("sync", False)):
             specs[f"ours {mode} topk {ratio:g}"] = (

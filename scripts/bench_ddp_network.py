@@ -8,7 +8,8 @@ scripts/bench_ddp.py's arms as rank 0 and rank 1, one per namespace: the README'
 (a DistributedDataParallel ResNet-18 with our hook, or torch's), batch 32 per rank, one thread
 per rank, arms and their compute twins (the same arm on a process group of one) interleaved in
 every round, medians over --steps after --warmup. Writes results/bench/ddp_network.csv (one row
-per link, width and arm, with its bound: benchmarks/netbench/ddp_report.py), ddp_network.md and
+per link, width and arm, with its bound: benchmarks/netbench/ddp_report.py, and the machine's
+load average while it ran), ddp_network.md and
 ddp_network_raw.json; rewritten after every link, so an interrupted run keeps what it measured.
 
 `--breakdown ARM` times the phases of one arm's step on each link and width instead
@@ -23,9 +24,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import shlex
 import statistics
 import sys
+import threading
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -115,6 +118,28 @@ def _rank_argv(args, width: float, raw: Path) -> list[str]:
     return argv + (["--breakdown", args.breakdown] if args.breakdown else ["--compute"])
 
 
+def _median_load_while(run, every_s: float = 5.0) -> float:
+    """run(), sampling the machine's 1-minute load average every `every_s` seconds meanwhile;
+    the median sample. The benchmark's own two ranks (one thread each) count in it: on an
+    otherwise idle machine it reads about 2. Every row records it, because every number is a
+    time and this machine may be shared."""
+    samples, done = [os.getloadavg()[0]], threading.Event()
+
+    def sample():
+        while not done.wait(every_s):
+            samples.append(os.getloadavg()[0])
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        run()
+    finally:
+        done.set()
+        sampler.join()
+    samples.append(os.getloadavg()[0])
+    return statistics.median(samples)
+
+
 def _kept_breakdowns(path: Path, new: list[dict]) -> list[dict]:
     """The rows of earlier breakdowns that this one does not replace (another link, width or
     arm), so that one CSV collects every arm broken down."""
@@ -151,9 +176,11 @@ def measure(args, links, paths: dict[str, Path], out: Path, command: str) -> Non
                         f"{calibration.rate(calibration.bulk):.2f} of line rate")
                 for width in args.width:
                     record_path = work / f"width{width:g}" / "raw.json"
-                    run_two_ranks(pair, _rank_argv(args, width, record_path),
-                                  log_dir=record_path.parent, timeout_s=args.timeout)
+                    load = _median_load_while(lambda: run_two_ranks(
+                        pair, _rank_argv(args, width, record_path),
+                        log_dir=record_path.parent, timeout_s=args.timeout))
                     record = json.loads(record_path.read_text())
+                    record["load_1min"] = load
                     entry["widths"][f"{width:g}"] = record
                     if args.breakdown:
                         phases.append({"link": shaping.label, "width": width, "arm": args.breakdown,
@@ -163,11 +190,12 @@ def measure(args, links, paths: dict[str, Path], out: Path, command: str) -> Non
                         continue
                     compute = {n: 1e3 * statistics.median(v) for n, v in record["compute"].items()}
                     new = rows_for(calibration, width, quantile_rows(record["samples"]),
-                                   compute, record["traffic"])
+                                   compute, record["traffic"], load)
                     rows += new
                     for row in new:
                         log(f"[{calibration.label}, width {width:g}] {row['arm']}: "
-                            f"{row['median_ms']:.0f} ms, bound {row['bound_ms']:.0f} ms")
+                            f"{row['median_ms']:.0f} ms, bound {row['bound_ms']:.0f} ms, "
+                            f"load {load:.1f}")
                 raw["links"].append(entry)
             finally:
                 pair.teardown()

@@ -81,6 +81,19 @@ def test_rows_hold_each_arm_against_compute_plus_the_links_time_for_its_bytes(tm
     assert "| torch DDP dense | 500 |" in table
 
 
+def test_acp_rows_are_held_against_torchs_hook_at_their_rank_and_carry_the_load():
+    measured = [quantiles("torch powerSGD_hook r2", 300.0), quantiles("ours async acp r2", 120.0),
+                quantiles("ours sync acp r2", 160.0), quantiles("ours async r2", 150.0)]
+    compute = {q["config"]: 100.0 for q in measured}
+    sent = {q["config"]: traffic(2e5, 3) for q in measured}
+    rows = {r["arm"]: r for r in rows_for(calibration(), 1.0, measured, compute, sent, 3.5)}
+    acp = rows["ours async acp r2"]
+    assert acp["ours_over_torch"] == pytest.approx(120 / 300)
+    assert acp["async_over_sync"] == pytest.approx(120 / 160)  # its own sync arm, not PowerSGD's
+    assert rows["ours async r2"]["async_over_sync"] is None  # no "ours sync r2" measured
+    assert {r["load_1min"] for r in rows.values()} == {3.5}
+
+
 @pytest.mark.parametrize("csv_name", ["ddp_network.csv", "ddp_network_topk.csv"])
 def test_readme_tables_are_built_from_the_committed_csv(csv_name):
     """docs/performance.md's tables are what `--table` prints from the committed measurements."""
@@ -141,7 +154,8 @@ def test_tiny_benchmark_across_a_shaped_link_writes_one_row_per_arm(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_csv(out)
     assert list(rows[0]) == list(COLUMNS)
-    assert [r["arm"] for r in rows] == ["torch powerSGD_hook r1", "ours async r1", "ours sync r1"]
+    assert [r["arm"] for r in rows] == ["torch powerSGD_hook r1", "ours async r1", "ours sync r1",
+                                        "ours async acp r1", "ours sync acp r1"]
     for r in rows:
         assert r["link"] == "1 Gbit/s, 0 ms" and r["width"] == 0.125 and r["n"] == 2
         for key in ("median_ms", "compute_ms", "comm_bytes_per_rank", "collectives", "comm_ms"):
@@ -150,12 +164,17 @@ def test_tiny_benchmark_across_a_shaped_link_writes_one_row_per_arm(tmp_path):
         assert r["bound_ms"] == pytest.approx(max(r["compute_ms"], r["comm_ms"]))
         assert r["bound_serial_ms"] == pytest.approx(r["compute_ms"] + r["comm_ms"])
         assert r["measured_over_bound"] == pytest.approx(r["median_ms"] / r["bound_ms"])
-    torch_row, ours_async, ours_sync = rows
+        assert r["load_1min"] > 0
+    torch_row, ours_async, ours_sync, acp_async, acp_sync = rows
     assert torch_row["ours_over_torch"] is None
-    for ours in (ours_async, ours_sync):
+    for ours in (ours_async, ours_sync, acp_async, acp_sync):
         assert ours["ours_over_torch"] == pytest.approx(ours["median_ms"] / torch_row["median_ms"])
     assert ours_async["async_over_sync"] == pytest.approx(
         ours_async["median_ms"] / ours_sync["median_ms"])
+    # ACP-SGD: one factor per bucket (P's or Q's, half of PowerSGD's bytes over two steps), so
+    # one collective fewer per bucket than our PowerSGD (P with the dense tensors, then Q).
+    assert acp_async["collectives"] < ours_async["collectives"]
+    assert acp_async["comm_bytes_per_rank"] < ours_async["comm_bytes_per_rank"]
     # At rank 1 both hooks compress the same layers: what they count, each its own way, agrees
     # but for our 16-byte level check and the padding that starts each of our P and Q blocks on
     # 64 bytes (comm/powersgd.py align_blocks: exact resume across DDP's bucket regrouping),

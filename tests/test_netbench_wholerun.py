@@ -13,7 +13,7 @@ from accordion_repro.analysis.costmodel import Network, allgather_time, allreduc
 from accordion_repro.errors import ConfigError
 from benchmarks.netbench.netns import LinkSpec, NamespacePair, missing_requirement
 from benchmarks.netbench.study import read_run, study_families
-from benchmarks.netbench.wholerun import run_time, schedule_trace, whole_runs
+from benchmarks.netbench.wholerun import run_time, schedule_trace, steps_at, whole_runs
 
 MISSING = missing_requirement()
 
@@ -83,6 +83,21 @@ def test_whole_run_is_the_schedule_times_the_step_times_with_mixed_epochs_interp
     assert rows["accordion"].speedup_vs_dense == pytest.approx(30.0 / 12.0)
     assert rows["accordion"].model_error == pytest.approx(0.1)
     assert rows["accordion"].bytes == 10 * RANK2 + 10 * RANK1 + 10 * ((RANK1 + RANK2) // 2)
+
+
+def test_a_whole_runs_model_gap_is_the_sum_of_its_configurations_step_gaps(study):
+    """network.csv's `why` names the configuration a run's model error comes from: the run's
+    gap (model - measured) is, exactly, steps at each static configuration x that step's gap,
+    a mixed epoch's steps split between low and high as its step time is interpolated."""
+    [family] = study_families(study)
+    times = {(128, "none"): 1.0, (128, "2"): 0.5, (128, "1"): 0.3}
+    modelled = {(128, "none"): 1.0, (128, "2"): 0.6, (128, "1"): 0.28}
+    epochs = family.runs["accordion"].epochs
+    steps = steps_at(epochs, family)
+    assert steps == pytest.approx({(128, "2"): 15.0, (128, "1"): 15.0})  # 10 + 10 + 10 halfway
+    gap = run_time(epochs, family, modelled) - run_time(epochs, family, times)
+    assert gap == pytest.approx(sum(n * (modelled[c] - times[c]) for c, n in steps.items()))
+    assert steps_at(family.runs["static_high"].epochs, family) == {(128, "1"): 30.0}
 
 
 def test_step_comm_time_splits_all_gathers_from_all_reduces():
@@ -166,6 +181,10 @@ def test_assemble_builds_every_row_from_raw_measurements(study):
     assert rows["dense"].time_s == pytest.approx(30 * 0.28)
     assert rows["accordion"].schedule == "2, 1, mix"
     assert abs(rows["accordion"].model_error) < 0.01
+    assert rows["dense"].why.startswith(
+        f"model {rows['dense'].model_error:+.0%}, all from its table1/resnet18_powersgd_dense steps")
+    assert "% of |gap| from its 15 step-equivalents at table1/resnet18_powersgd_static_" \
+        in rows["accordion"].why
     [check] = result.checks
     assert check.schedule == "2 x3" and check.measured_s == pytest.approx(3 * 8 * 0.2)
     text = markdown(result)

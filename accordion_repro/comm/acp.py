@@ -30,6 +30,7 @@ P_TURN, Q_TURN = 0, 1
 
 class ACPPowerSGDReducer(Reducer):
     name = "acp_powersgd"
+    CARRIES_DENSE = True
 
     def __init__(self, params: Sequence[torch.Tensor], *, rank: int, error_feedback: bool,
                  seed: int, group=None):
@@ -62,11 +63,14 @@ class ACPPowerSGDReducer(Reducer):
         return torch.randn(rank, self.matrix_shapes[layer][1], generator=generator,
                            dtype=self.dtype).to(self.device)
 
-    def _compressed_steps(self, items: list[tuple[int, torch.Tensor]], stats: CommStats):
+    def _compressed_steps(self, items: list[tuple[int, torch.Tensor]], stats: CommStats,
+                          carried: Sequence[torch.Tensor] = ()):
         items = sorted(items, key=lambda item: item[0])
         sizes = [self.matrix_shapes[layer][self.turn[layer]] * self.levels[layer]
                  for layer, _ in items]
-        buffer = torch.empty(sum(sizes), dtype=self.dtype, device=self.device)
+        flat = torch.empty(sum(sizes) + self._dense_numel(carried), dtype=self.dtype,
+                           device=self.device)
+        buffer, tail = flat[:sum(sizes)], flat[sum(sizes):]  # the factors, then `carried`
         work = []
         offset = 0
         for (layer, grad), size in zip(items, sizes):
@@ -86,7 +90,9 @@ class ACPPowerSGDReducer(Reducer):
             if self.error_feedback:
                 matrix.sub_(self._product(turn, sent, kept))  # memory = M - local P Q^T
             work.append((layer, grad_matrix, kept, sent))
-        yield [self.comm.all_reduce_sum(buffer, stats)], True
+        self._pack_dense(carried, tail)
+        yield [self.comm.all_reduce_sum(flat, stats)], True
+        self._finish_dense(carried, tail)
         if self.comm.world_size > 1:
             buffer.div_(self.comm.world_size)
         for layer, grad_matrix, kept, sent in work:

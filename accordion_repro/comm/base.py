@@ -4,7 +4,8 @@ A reducer turns each worker's local gradients into the averaged (decompressed) g
 place. Tensors with 2 or more dimensions are "layers" that may be compressed (viewed as
 (shape[0], rest), so a conv weight is (out_channels, in*kh*kw)); every other tensor, and every
 layer whose level would not compress, is averaged exactly through one flat all-reduce that is
-issued first so it overlaps with the compression work.
+issued first so it overlaps with the compression work (or, after fold_dense, the DDP hook's
+packing, at the end of the compressed layers' first all-reduce: one collective fewer).
 
 One reduction is written once, as a generator of phases (`reduce_steps`): each phase starts
 collectives asynchronously and hands their work handles to whoever drives it. `reduce` drives
@@ -38,6 +39,9 @@ class Phase(NamedTuple):
 
 class Reducer:
     name = "none"
+    # Whether the first collective of _compressed_steps is an all-reduce sum whose buffer can
+    # carry the dense tensors too (PowerSGD's P, ACP-SGD's factor; not Top-K's all-gather).
+    CARRIES_DENSE = False
 
     def __init__(self, params: Sequence[torch.Tensor], *, group=None, default_level=None,
                  error_feedback: bool = False):
@@ -62,12 +66,28 @@ class Reducer:
         self.memory: list[torch.Tensor | None] = [None] * self.num_compressible
         # Reductions in flight at the same time (DDP buckets) each need their own flat buffer.
         self._slot_buffers: dict = {}
+        self._fold_dense = False  # see fold_dense
 
     # ---- levels ---------------------------------------------------------------------------
     def align_blocks(self) -> None:
         """Make each layer's arithmetic independent of the layers reduced with it (the DDP
         hook calls it; PowerSGD overrides it). Averaging, error memory and Top-K's selection
         are element by element and exact wherever a layer sits, so here nothing changes."""
+
+    def fold_dense(self) -> None:
+        """From now on send the dense tensors of a reduction at the end of its first compressed
+        all-reduce (PowerSGD's P, ACP-SGD's factor) instead of in an all-reduce of their own:
+        one collective fewer per reduction (the DDP hook calls it: one per bucket and step).
+
+        Their sums are the same numbers at 2 ranks (one addition each); at more ranks an
+        element's sum over ranks is added in an order set by where it sits in the buffer, so
+        they may round differently (docs/compressors.md, "The DDP hook"). The trainer's
+        whole-model reduction keeps its own dense all-reduce, issued before the compression:
+        its committed runs log 3 collectives per PowerSGD step, and the network benchmark
+        holds those logs against the trainer's step. Top-K's first collective is an
+        all-gather, which would send every rank's dense tensors to every rank: it is left as is.
+        """
+        self._fold_dense = self.CARRIES_DENSE
 
     def _check_level(self, level):
         option, kind = SETTINGS[self.name].LEVEL
@@ -139,9 +159,13 @@ class Reducer:
         work = [g.contiguous() for g in grads]  # g itself when it is contiguous
         dense_at, compressed = self.split_dense(positions, work, stats)
         dense = [work[j] for j in dense_at]
-        flat, handle = self._start_dense(dense, stats, slot)
+        # With fold_dense the compressed layers' first all-reduce carries the dense tensors
+        # (one worker sends nothing: they are their own average and stay where they are).
+        carried = dense if self._fold_dense and compressed and self.comm.world_size > 1 else []
+        flat, handle = self._start_dense([] if carried else dense, stats, slot)
         pending = [handle] if handle is not None else []  # joins the final phase
-        for works, final in self._compressed_steps(compressed, stats) if compressed else ():
+        steps = self._compressed_steps(compressed, stats, carried) if compressed else ()
+        for works, final in steps:
             works = [w for w in works if w is not None]
             if final:
                 works, pending = works + pending, []
@@ -181,9 +205,14 @@ class Reducer:
         stats.floats_sent += sum(self._tensor_floats(pos, self.levels) for pos in positions)
         return dense, compressed
 
-    def _compressed_steps(self, items: list[tuple[int, torch.Tensor]], stats: CommStats):
+    def _compressed_steps(self, items: list[tuple[int, torch.Tensor]], stats: CommStats,
+                          carried: Sequence[torch.Tensor] = ()):
         """Yield (work handles, final) after starting each collective of the compressed layers;
-        after the last resume, the layers' gradients hold their decompressed average."""
+        after the last resume, the layers' gradients hold their decompressed average.
+
+        `carried` (only where CARRIES_DENSE): dense tensors to send at the end of the first
+        all-reduce's buffer (`_pack_dense`) and to average from it once it completes
+        (`_finish_dense`)."""
         raise NotImplementedError
 
     def average_compressed(self, items: list[tuple[int, torch.Tensor]], stats: CommStats) -> None:
@@ -210,6 +239,16 @@ class Reducer:
         flat = buffer[:total]
         torch.cat([g.view(-1) for g in dense], out=flat)
         return flat, self.comm.all_reduce_sum(flat, stats)
+
+    @staticmethod
+    def _dense_numel(dense: Sequence[torch.Tensor]) -> int:
+        return sum(g.numel() for g in dense)
+
+    @staticmethod
+    def _pack_dense(dense: Sequence[torch.Tensor], tail: torch.Tensor) -> None:
+        """Copy the dense tensors into `tail` (the end of a compressed all-reduce's buffer)."""
+        if dense:
+            torch.cat([g.view(-1) for g in dense], out=tail)
 
     def _finish_dense(self, dense: list[torch.Tensor], flat) -> None:
         """Copy the averaged flat buffer back; its all-reduce was in the final phase, so the

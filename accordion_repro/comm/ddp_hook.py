@@ -282,6 +282,9 @@ class AccordionHookState(ReducerState):
         # or a resumed run's first step would differ from the step it replaces. (An FSDP unit
         # holds the same parameters on every step: comm/fsdp.py keeps the trainer's packing.)
         self.reducer.align_blocks()
+        # Per bucket the dense tensors ride at the end of P's buffer (ACP-SGD's factor's): 2
+        # collectives per PowerSGD bucket, where torch's powerSGD_hook issues 3.
+        self.reducer.fold_dense()
         self._position_of_ptr = {p.data_ptr(): i for i, p in enumerate(self._params)}
         self.async_op = async_op
         self._pipeline = BucketPipeline()

@@ -3,7 +3,8 @@
 One power step per iteration: P = M Q with the warm-started Q, all-reduce P (sum), orthonormalise
 P, Q = M^T P, all-reduce Q and divide by the workers, output P Q^T. All P's travel in one buffer
 and all Q's in another, so a step issues at most 3 collectives (with the flat dense buffer)
-whatever the number of layers.
+whatever the number of layers; 2 where the dense tensors ride at the end of P's buffer
+(Reducer.fold_dense, the DDP hook).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ class _PackedLayout:
     a slow BLAS path (about 10x slower for rank 2 and 4 with MKL on one thread). Layers that
     share (n, rank) sit next to each other so P can be orthonormalised as one batch.
 
+    `tail` (elements): room after the P blocks for the dense tensors that travel with P
+    (Reducer.fold_dense); `flat` is the buffer P's all-reduce sends, P blocks then the tail.
+
     `align` (elements): every layer's block starts at a multiple of it. BLAS products depend on
     where their operands sit (MKL's sgemm rounds Q^T M^T and P^T M differently for a Q or an
     output 4 floats off a 16-byte boundary), so with `align` = 64 bytes a layer's products are
@@ -52,7 +56,7 @@ class _PackedLayout:
     """
 
     def __init__(self, items: tuple[tuple[int, int], ...], matrix_shapes, dtype, device,
-                 align: int = 1):
+                 align: int = 1, tail: int = 0):
         groups: dict[tuple[int, int], list[int]] = {}
         for layer, rank in items:
             groups.setdefault((matrix_shapes[layer][0], rank), []).append(layer)
@@ -62,7 +66,8 @@ class _PackedLayout:
 
         p_size = sum(len(layers) * padded(n * rank) for (n, rank), layers in groups.items())
         q_size = sum(padded(matrix_shapes[l][1] * r) for l, r in items)
-        self.p_buffer = torch.zeros(p_size, dtype=dtype, device=device)  # padding sums to 0
+        self.flat = torch.zeros(p_size + tail, dtype=dtype, device=device)  # padding sums to 0
+        self.p_buffer, self.tail = self.flat[:p_size], self.flat[p_size:]
         self.q_buffer = torch.zeros(q_size, dtype=dtype, device=device)
         self.p_groups: list[torch.Tensor] = []  # (layers, n, rank) views of P (transposed)
         self.p_t: dict[int, torch.Tensor] = {}  # layer -> P^T, (rank, n)
@@ -88,6 +93,7 @@ def _draw_seed(seed: int, layer: int, draw: int) -> int:
 
 class PowerSGDReducer(Reducer):
     name = "powersgd"
+    CARRIES_DENSE = True
 
     def __init__(self, params: Sequence[torch.Tensor], *, rank: int, error_feedback: bool,
                  warm_start: bool, seed: int, group=None):
@@ -145,19 +151,22 @@ class PowerSGDReducer(Reducer):
         return host_to_device(torch.randn(rank, self.matrix_shapes[layer][1], generator=generator,
                                           dtype=self.dtype), self.device)
 
-    def _layout(self, items: tuple[tuple[int, int], ...]) -> _PackedLayout:
-        if items not in self._layouts:
+    def _layout(self, items: tuple[tuple[int, int], ...], tail: int) -> _PackedLayout:
+        key = (items, tail)
+        if key not in self._layouts:
             if len(self._layouts) > 64:  # level patterns come and go; keep the cache small
                 self._layouts.clear()
-            self._layouts[items] = _PackedLayout(items, self.matrix_shapes, self.dtype,
-                                                 self.device, self._align)
-        return self._layouts[items]
+            self._layouts[key] = _PackedLayout(items, self.matrix_shapes, self.dtype,
+                                               self.device, self._align, tail)
+        return self._layouts[key]
 
-    def _compressed_steps(self, items: list[tuple[int, torch.Tensor]], stats: CommStats):
+    def _compressed_steps(self, items: list[tuple[int, torch.Tensor]], stats: CommStats,
+                          carried: Sequence[torch.Tensor] = ()):
         # Layer order, whatever order a DDP bucket lists its parameters in: the packed layout
         # (and so the BLAS calls) of a set of layers is always the same one.
         items = sorted(items, key=lambda item: item[0])
-        layout = self._layout(tuple((layer, self.levels[layer]) for layer, _ in items))
+        layout = self._layout(tuple((layer, self.levels[layer]) for layer, _ in items),
+                              self._dense_numel(carried))
         matrices = []
         for layer, grad in items:
             grad_matrix = grad.view(self.matrix_shapes[layer])
@@ -172,7 +181,9 @@ class PowerSGDReducer(Reducer):
             torch.mm(q_t, matrix.t(), out=layout.p_t[layer])  # P^T = Q^T M^T
             matrices.append((layer, grad_matrix, matrix))
 
-        yield [self.comm.all_reduce_sum(layout.p_buffer, stats)], False
+        self._pack_dense(carried, layout.tail)
+        yield [self.comm.all_reduce_sum(layout.flat, stats)], False
+        self._finish_dense(carried, layout.tail)
         for group in layout.p_groups:
             orthonormalize_(group)
         for layer, _, matrix in matrices:

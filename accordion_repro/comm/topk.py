@@ -121,7 +121,8 @@ class TopKReducer(Reducer):
     def _compressed_floats(self, layer: int, level: float) -> int:
         return 2 * self.kept(layer, level) * self.comm.world_size
 
-    def _compressed_steps(self, items: list[tuple[int, torch.Tensor]], stats: CommStats):
+    def _compressed_steps(self, items: list[tuple[int, torch.Tensor]], stats: CommStats,
+                          carried: Sequence[torch.Tensor] = ()):
         counts = [self.kept(layer, self.levels[layer]) for layer, _ in items]
         total = sum(counts)
         send = torch.empty(2 * total, dtype=torch.float32, device=self.device)

@@ -23,7 +23,7 @@ TORCH_HOOK, DENSE = "torch powerSGD_hook", "torch DDP dense"
 COLUMNS = ("link", "bandwidth_bps", "width", "arm", "median_ms", "p25_ms", "p75_ms", "iqr_ms",
            "n", "compute_ms", "comm_bytes_per_rank", "collectives", "allgather_bytes",
            "allgathers", "comm_ms", "bound_ms", "bound_serial_ms", "measured_over_bound",
-           "ours_over_torch", "async_over_sync", "over_dense")
+           "ours_over_torch", "async_over_sync", "over_dense", "load_1min")
 TEXT = ("link", "arm")
 
 
@@ -40,10 +40,15 @@ def _ratio(num: dict | None, den: dict | None) -> float | None:
 
 
 def rows_for(calibration: LinkCalibration, width: float, measured: Sequence[dict],
-             compute_ms: dict[str, float], traffic: dict[str, dict]) -> list[dict]:
+             compute_ms: dict[str, float], traffic: dict[str, dict],
+             load_1min: float | None = None) -> list[dict]:
     """One row per arm on one link at one width. `measured`: quantile rows of the arms' steps
     (config, median_ms, p25_ms, p75_ms, iqr_ms, n); `compute_ms`: each arm's median on a group
-    of one; `traffic`: what one rank handed to the network per step (bench_ddp.Arm.traffic)."""
+    of one; `traffic`: what one rank handed to the network per step (bench_ddp.Arm.traffic);
+    `load_1min`: the machine's load while they ran (every row of the link and width).
+
+    ours_over_torch holds each of our arms, ACP-SGD's included, against torch's powerSGD_hook
+    at the same rank; async_over_sync against our synchronous arm of the same setting."""
     by_arm = {row["config"]: row for row in measured}
     rows = []
     for arm, row in by_arm.items():
@@ -59,10 +64,11 @@ def rows_for(calibration: LinkCalibration, width: float, measured: Sequence[dict
                "allgathers": sent["allgathers"], "comm_ms": comm_ms, "bound_ms": bound,
                "bound_serial_ms": compute + comm_ms,
                "measured_over_bound": row["median_ms"] / bound, "ours_over_torch": None,
-               "async_over_sync": None, "over_dense": None}
+               "async_over_sync": None, "over_dense": None, "load_1min": load_1min}
         if arm.startswith("ours "):
-            setting = arm.split(" ", 2)[2]  # "r2" or "topk 0.1"
-            out["ours_over_torch"] = _ratio(row, by_arm.get(f"{TORCH_HOOK} {setting}"))
+            setting = arm.split(" ", 2)[2]  # "r2", "acp r2" or "topk 0.1"
+            rank = setting.removeprefix("acp ")
+            out["ours_over_torch"] = _ratio(row, by_arm.get(f"{TORCH_HOOK} {rank}"))
             if arm.startswith("ours async "):
                 out["async_over_sync"] = _ratio(row, by_arm.get(f"ours sync {setting}"))
         if arm != DENSE:
@@ -124,8 +130,8 @@ def markdown(rows: Sequence[dict], command: str = "") -> str:
     lines += [readme_table(rows), "## Every row", "",
               "| link | width | arm | median ms | p25 | p75 | compute ms | B/rank/step "
               "| collectives | comm ms | bound ms | serial bound ms | x bound | / torch "
-              "| async / sync | / dense |",
-              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "| async / sync | / dense | load |",
+              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
             f"| {r['link']} | {r['width']:g} | {r['arm']} | {r['median_ms']:.1f} "
@@ -133,5 +139,6 @@ def markdown(rows: Sequence[dict], command: str = "") -> str:
             f"| {r['comm_bytes_per_rank']:,.0f} | {r['collectives']:g} | {r['comm_ms']:.1f} "
             f"| {r['bound_ms']:.1f} | {r['bound_serial_ms']:.1f} "
             f"| {r['measured_over_bound']:.2f} | {_num(r['ours_over_torch'], '.2f')} "
-            f"| {_num(r['async_over_sync'], '.2f')} | {_num(r['over_dense'], '.2f')} |")
+            f"| {_num(r['async_over_sync'], '.2f')} | {_num(r['over_dense'], '.2f')} "
+            f"| {_num(r.get('load_1min'), '.1f')} |")
     return "\n".join(lines) + "\n"

@@ -10,7 +10,7 @@ into every row of the report, so the tables can be rebuilt from that file withou
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -18,7 +18,7 @@ from benchmarks.netbench.bench import (LinkCalibration, StepTime, calibrate, lin
                                             link_pair, predicted_step, run_trainer, step_overrides, steps_for)
 from benchmarks.netbench.netns import LinkSpec, ShapingReport, cleanup_leftovers, teardown_on_signals
 from benchmarks.netbench.study import ACCORDION, DENSE, Family, Run, signature
-from benchmarks.netbench.wholerun import WholeRun, run_time, schedule_trace, whole_runs
+from benchmarks.netbench.wholerun import WholeRun, run_time, schedule_trace, steps_at, whole_runs
 
 # The end-to-end check: a short Accordion run that decides every epoch (in a run this short
 # the LR decays every epoch, and the paper's "LR decays -> low compression" rule would pin it).
@@ -39,6 +39,37 @@ class StepRow:
     @property
     def model_error(self) -> float:
         return self.model_s / self.step.step_s - 1.0
+
+
+def step_why(s: StepRow) -> str:
+    """Which term a step's model error comes from, from the measured parts of the step."""
+    compute = s.step.compute_s - s.fast.compute_s
+    added = (s.step.step_s - s.step.compute_s) - (s.fast.step_s - s.fast.compute_s)
+    modelled = s.model_s - s.fast.step_s
+    if abs(compute) >= abs(added - modelled):
+        return (f"compute (forward, backward, optimizer) took {compute * 1e3:+.0f} ms against the "
+                f"same step on the unshaped pair: run-to-run variation of this 2-core host, not a "
+                f"network term the model lacks")
+    return (f"the link added {added * 1e3:.0f} ms to the step's communication, the model "
+            f"{modelled * 1e3:.0f} ms: in training gloo's collectives run "
+            f"{'slower' if added > modelled else 'faster'} than in the calibration probe, which "
+            f"runs on idle cores (at this rate the kernel's and gloo's CPU work competes with the "
+            f"training threads for the 2 cores)")
+
+
+def run_why(row: WholeRun, steps: dict[tuple, float], step_rows: dict[tuple, StepRow]) -> str:
+    """What the model misses on one whole run: its gap (model - measured) is the sum over the
+    static configurations its epochs ran at of steps x that step's gap (wholerun.steps_at), so
+    name the configuration with the largest share and the term its step's error comes from."""
+    gaps = {sig: n * (step_rows[sig].model_s - step_rows[sig].step.step_s)
+            for sig, n in steps.items() if n}
+    top = max(gaps, key=lambda sig: abs(gaps[sig]))
+    s = step_rows[top]
+    share = abs(gaps[top]) / sum(abs(g) for g in gaps.values())
+    where = (f"all from its {s.preset} steps" if len(gaps) == 1 else
+             f"{share:.0%} of |gap| from its {steps[top]:,.0f} step-equivalents at {s.preset}")
+    return (f"model {row.model_error:+.0%}, {where} (step model {s.model_error:+.0%}): "
+            f"{step_why(s)}")
 
 
 @dataclass(frozen=True)
@@ -165,17 +196,21 @@ def assemble(raw: dict, families: Sequence[Family]) -> BenchmarkResult:
             raise KeyError(f"{cal.label}: no step measured for {missing} (rerun the benchmark)")
         times = {run.preset: StepTime.from_epochs(entry["steps"][run.preset][1:]) for run in configs}
         modelled_step = {p: predicted_step(result.fast_steps[p], result.fast, cal) for p in times}
+        step_rows = {}
         for run in configs:
             first = run.epochs[0]
-            result.steps.append(StepRow(
+            step_rows[signature(first)] = StepRow(
                 link=cal.label, preset=run.preset, level=_level(run), step=times[run.preset],
                 fast=result.fast_steps[run.preset], model_s=modelled_step[run.preset],
-                study_bytes_per_step=float(first["bytes_sent"]) / int(first["steps"])))
+                study_bytes_per_step=float(first["bytes_sent"]) / int(first["steps"]))
+            result.steps.append(step_rows[signature(first)])
         by_signature = lambda values: {signature(r.epochs[0]): values[r.preset] for r in configs}  # noqa: E731
         measured = by_signature({p: t.step_s for p, t in times.items()})
         modelled = by_signature(modelled_step)
         for family in families:
-            rows = whole_runs(cal.label, family, measured, modelled)
+            rows = [replace(r, why=run_why(r, steps_at(family.runs[r.method].epochs, family),
+                                           step_rows))
+                    for r in whole_runs(cal.label, family, measured, modelled)]
             if family is not families[0]:
                 rows = [r for r in rows if r.method != DENSE]  # listed once per link
             result.rows += rows

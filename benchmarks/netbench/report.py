@@ -12,7 +12,7 @@ from typing import Sequence
 
 from accordion_repro.analysis.costmodel import Network
 from benchmarks.netbench.bench import predicted_step
-from benchmarks.netbench.driver import BenchmarkResult, StepRow
+from benchmarks.netbench.driver import BenchmarkResult, step_why
 from benchmarks.netbench.study import STATIC_LOW, Family, signature
 from benchmarks.netbench.wholerun import whole_runs
 from accordion_repro.utils import atomic_write_text
@@ -20,7 +20,8 @@ from accordion_repro.utils import atomic_write_text
 TOLERANCE = 0.15  # the cost model's target on every row
 
 RUN_COLUMNS = ("link", "family", "method", "label", "schedule", "epochs", "steps", "time_s", "model_s",
-               "model_error", "floats", "bytes", "speedup_vs_static_low", "speedup_vs_dense", "run_dir")
+               "model_error", "floats", "bytes", "speedup_vs_static_low", "speedup_vs_dense", "run_dir",
+               "why")
 STEP_COLUMNS = ("link", "preset", "level", "step_s", "compute_s", "comm_s", "bytes_per_step",
                 "study_bytes_per_step", "collectives", "allgather_bytes", "allgathers", "steps",
                 "model_s", "model_error")
@@ -52,30 +53,13 @@ def _flag(error: float) -> str:
     return f"{error:+.0%}" + (" **>15%**" if abs(error) > TOLERANCE else "")
 
 
-def why(s: StepRow) -> str:
-    """Which term a step's model error comes from, from the measured parts of the step."""
-    compute = s.step.compute_s - s.fast.compute_s
-    added = (s.step.step_s - s.step.compute_s) - (s.fast.step_s - s.fast.compute_s)
-    modelled = s.model_s - s.fast.step_s
-    if abs(compute) >= abs(added - modelled):
-        return (f"compute (forward, backward, optimizer) took {compute * 1e3:+.0f} ms against the "
-                f"same step on the unshaped pair: run-to-run variation of this 2-core host, not a "
-                f"network term the model lacks")
-    return (f"the link added {added * 1e3:.0f} ms to the step's communication, the model "
-            f"{modelled * 1e3:.0f} ms: in training gloo's collectives run "
-            f"{'slower' if added > modelled else 'faster'} than in the calibration probe, which "
-            f"runs on idle cores (at this rate the kernel's and gloo's CPU work competes with the "
-            f"training threads for the 2 cores)")
-
-
 def off_rows(result: BenchmarkResult) -> list[str]:
     """One line per row beyond the tolerance, with the term it comes from."""
-    lines = [f"{s.link} step of {s.preset}: model {s.model_error:+.0%}; {why(s)}."
+    lines = [f"{s.link} step of {s.preset}: model {s.model_error:+.0%}; {step_why(s)}."
              for s in result.steps if abs(s.model_error) > TOLERANCE]
     for r in result.rows:
         if abs(r.model_error) > TOLERANCE:
-            lines.append(f"{r.link} {r.label} (whole run): model {r.model_error:+.0%}; it inherits the "
-                         f"step errors of the configurations its epochs ran at (step table).")
+            lines.append(f"{r.link} {r.label} (whole run): {r.why}.")
     return lines
 
 

@@ -22,6 +22,15 @@ def _bytes_per_step(run: Run) -> float:
     return float(epoch["bytes_sent"]) / int(epoch["steps"])
 
 
+def _mixed_fraction(epoch: dict, family: Family) -> float:
+    """Where a mixed epoch's step sits between the static low (0) and high (1) runs, by the
+    bytes it sent (clipped to the two)."""
+    low, high = family.runs[STATIC_LOW], family.runs[STATIC_HIGH]
+    b_low, b_high = _bytes_per_step(low), _bytes_per_step(high)
+    sent = float(epoch["bytes_sent"]) / int(epoch["steps"])
+    return 0.0 if b_low == b_high else min(1.0, max(0.0, (sent - b_low) / (b_high - b_low)))
+
+
 def epoch_step_time(epoch: dict, family: Family, times: Mapping[tuple, float]) -> float:
     """The step time of one logged epoch; `times` maps a static run's signature to seconds."""
     sig = signature(epoch)
@@ -29,15 +38,37 @@ def epoch_step_time(epoch: dict, family: Family, times: Mapping[tuple, float]) -
         return times[sig]
     low, high = family.runs[STATIC_LOW], family.runs[STATIC_HIGH]
     t_low, t_high = times[signature(low.epochs[0])], times[signature(high.epochs[0])]
-    b_low, b_high = _bytes_per_step(low), _bytes_per_step(high)
-    sent = float(epoch["bytes_sent"]) / int(epoch["steps"])
-    fraction = 0.0 if b_low == b_high else min(1.0, max(0.0, (sent - b_low) / (b_high - b_low)))
-    return t_low + fraction * (t_high - t_low)
+    return t_low + _mixed_fraction(epoch, family) * (t_high - t_low)
+
+
+def epoch_weights(epoch: dict, family: Family) -> dict[tuple, float]:
+    """How much of each static configuration (by signature) one step of this epoch is, as
+    epoch_step_time combines them: 1 of its own for a static epoch, the static low and high
+    runs' shares for a mixed one."""
+    sig = signature(epoch)
+    if sig[1] is not None:
+        return {sig: 1.0}
+    fraction = _mixed_fraction(epoch, family)
+    weights: dict[tuple, float] = {}
+    for method, weight in ((STATIC_LOW, 1.0 - fraction), (STATIC_HIGH, fraction)):
+        key = signature(family.runs[method].epochs[0])
+        weights[key] = weights.get(key, 0.0) + weight
+    return weights
 
 
 def run_time(epochs, family: Family, times: Mapping[tuple, float]) -> float:
     """Training time of these epochs at these step times."""
     return sum(int(e["steps"]) * epoch_step_time(e, family, times) for e in epochs)
+
+
+def steps_at(epochs, family: Family) -> dict[tuple, float]:
+    """Steps of these epochs per static configuration (a mixed epoch's split by its weights):
+    a run's time is sum(steps_at[c] * time[c]), so its model gap is that of each c, weighted."""
+    steps: dict[tuple, float] = {}
+    for epoch in epochs:
+        for sig, weight in epoch_weights(epoch, family).items():
+            steps[sig] = steps.get(sig, 0.0) + weight * int(epoch["steps"])
+    return steps
 
 
 def _level(family: Family, epoch: dict) -> str:
@@ -90,6 +121,7 @@ class WholeRun:
     bytes: float
     speedup_vs_static_low: float | None = None
     speedup_vs_dense: float | None = None
+    why: str = ""       # what the model misses on this row (driver.assemble)
 
     @property
     def model_error(self) -> float:
