@@ -172,3 +172,17 @@ def test_the_readmes_run_directory_guarantees_name_exactly_the_tests_that_check_
                            re.MULTILINE))
     assert named - tests == set(), "named in the README but no test there"
     assert tests - named == set(), "tested but not listed in the README's guarantees"
+
+
+def test_make_help_lists_every_target_and_phony_names_only_targets():
+    """`make help` is built from the `## ` comments, so a target without one is missing there."""
+    import subprocess
+
+    text = (REPO / "Makefile").read_text()
+    targets = re.findall(r"^([a-z][a-z-]*):(?!=)", text, flags=re.M)
+    phony = re.search(r"^\.PHONY:(.*)$", text, flags=re.M).group(1).split()
+    assert sorted(phony) == sorted(targets)
+    listed = subprocess.run(["make", "-s", "-C", str(REPO), "help"], capture_output=True, text=True,
+                            check=True).stdout.splitlines()
+    assert [line.split()[0] for line in listed] == targets
+    assert all(len(line.split(None, 1)) == 2 for line in listed)
