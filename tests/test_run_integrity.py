@@ -601,16 +601,24 @@ def _demo_command(run_dir: Path, *make_args: str) -> str:
     return dry.stdout.strip().splitlines()[-1]
 
 
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> tuple[Path, str, subprocess.CompletedProcess]:
+    """`make demo` as it is, run once: (its run directory, its command, what it printed)."""
+    run_dir = tmp_path_factory.mktemp("demo") / "demo"
+    command = _demo_command(run_dir)
+    out = subprocess.run(command, shell=True, cwd=REPO, capture_output=True, text=True,
+                         timeout=1200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return run_dir, command, out
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(1200)  # about 90 s of CPU: a minute on 2 idle cores, 5-8 under a load of 15
-def test_the_whole_demo_learns_and_runs_an_epoch_at_the_high_compression(tmp_path):
+def test_the_whole_demo_learns_and_runs_an_epoch_at_the_high_compression(demo):
     """Issue 37: `make demo` as it is ends well above chance (10 classes; it ended at 11 %
     before) and some epoch runs layers at rank 1, the high compression."""
-    run_dir = tmp_path / "demo"
-    out = subprocess.run(_demo_command(run_dir), shell=True, cwd=REPO, capture_output=True,
-                         text=True, timeout=1200)
-    assert out.returncode == 0, out.stderr[-3000:]
+    run_dir, _, out = demo
     epochs = [l for l in out.stdout.replace("\r", "\n").splitlines()
               if re.match(r"epoch +\d+/\d+ ", l)]
     final = read_summary(run_dir)["final_test_acc"]
@@ -622,15 +630,14 @@ def test_the_whole_demo_learns_and_runs_an_epoch_at_the_high_compression(tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_the_demo_prints_no_warning_an_epoch_line_each_and_a_summary(tmp_path):
-    """`make demo`'s own command (read from the Makefile), one step per epoch."""
-    run_dir = tmp_path / "demo"
-    command = _demo_command(run_dir, "DEMO_STEPS=1")
-    assert "accordion_repro.train" in command and "trainer.max_steps_per_epoch=1" in command
+@pytest.mark.timeout(1200)  # the same demo run as above (a module fixture), whichever test starts it
+def test_the_demo_prints_no_warning_an_epoch_line_each_and_a_summary(demo):
+    """`make demo`'s own command (read from the Makefile, DEMO_STEPS passed through)."""
+    run_dir, command, out = demo
+    steps = re.search(r"^DEMO_STEPS \?= (\d+)$", (REPO / "Makefile").read_text(), re.M).group(1)
+    assert "accordion_repro.train" in command and f"trainer.max_steps_per_epoch={steps}" in command
+    assert "trainer.max_steps_per_epoch=1 " in _demo_command(run_dir, "DEMO_STEPS=1")
     total = int(re.search(r"trainer\.epochs=(\d+)", command).group(1))
-    out = subprocess.run(command, shell=True, cwd=REPO, capture_output=True, text=True,
-                         timeout=600)
-    assert out.returncode == 0, out.stderr
     console = out.stdout + out.stderr
     assert "warning" not in console.lower() and "Traceback" not in console
     epochs = [l for l in out.stdout.replace("\r", "\n").splitlines() if "test_acc" in l]
