@@ -184,6 +184,7 @@ def test_sigterm_stops_cleanly_as_stopped_and_the_resume_matches_an_uninterrupte
 
 @pytest.mark.slow
 @pytest.mark.distributed
+@pytest.mark.timeout(1500)  # three two-rank FSDP runs: over 300 s on 2 cores under a load of 13
 def test_an_fsdp_run_killed_mid_epoch_resumes_to_the_uninterrupted_metrics(tmp_path):
     """dist.strategy=fsdp (issue 40): SIGTERM inside epoch 1, the same command resumes from
     epoch 0's checkpoint (whole model and optimizer, every rank's reducer, rank 0's detector)
@@ -195,9 +196,9 @@ def test_an_fsdp_run_killed_mid_epoch_resumes_to_the_uninterrupted_metrics(tmp_p
     run_dir = tmp_path / "run"
     proc = popen(run_dir, *overrides)
     try:
-        wait_until(lambda: (run_dir / "metrics.jsonl").exists(), timeout=180, what="epoch 0")
+        wait_until(lambda: (run_dir / "metrics.jsonl").exists(), timeout=600, what="epoch 0")
         proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=120)
+        proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -222,6 +223,7 @@ def test_a_failed_rank_leaves_status_failed_with_its_rank_and_cause(tmp_path, mo
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # two CLI runs: over 300 s on 2 cores under a load of 13
 def test_a_diverging_run_stops_within_one_epoch_and_is_never_a_result(tmp_path):
     run_dir = tmp_path / "runs" / "nan"
     out = cli(run_dir, "trainer.epochs=3", "optim.lr=1e30", "optim.warmup_epochs=0", base=DENSE)
