@@ -209,13 +209,20 @@ def test_an_fsdp_run_killed_mid_epoch_resumes_to_the_uninterrupted_metrics(tmp_p
     assert without_timing(read_metrics(run_dir)) == without_timing(read_metrics(tmp_path / "whole"))
 
 
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_a_failed_rank_leaves_status_failed_with_its_rank_and_cause(tmp_path, monkeypatch):
-    run_dir = tmp_path / "run"
-    # a dataset path that only rank 1 cannot read would need a fault; a NaN does it for every rank
+@pytest.fixture(scope="module")
+def diverged_two_ranks(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """A two-rank run that fails: (its run directory, what the CLI printed). A dataset path
+    that only rank 1 cannot read would need a fault; a NaN does it for every rank."""
+    run_dir = tmp_path_factory.mktemp("diverged") / "run"
     out = cli(run_dir, "trainer.epochs=2", "dist.nproc_per_node=2", "optim.lr=1e30",
               "optim.warmup_epochs=0", base=DENSE)
+    return run_dir, out
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_failed_rank_leaves_status_failed_with_its_rank_and_cause(diverged_two_ranks):
+    run_dir, out = diverged_two_ranks
     assert out.returncode == 1
     summary = read_summary(run_dir)
     assert summary["status"] == "failed"
@@ -686,10 +693,8 @@ def test_a_second_sigterm_ends_the_run_as_stopped_and_resumable(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_a_diverged_two_rank_run_prints_one_line(tmp_path):
-    run_dir = tmp_path / "run"
-    out = cli(run_dir, "trainer.epochs=2", "dist.nproc_per_node=2", "optim.lr=1e30",
-              "optim.warmup_epochs=0", base=DENSE)
+def test_a_diverged_two_rank_run_prints_one_line(diverged_two_ranks):
+    run_dir, out = diverged_two_ranks
     assert out.returncode == 1
     assert "Traceback" not in out.stderr
     [error] = _error_lines(out)
