@@ -22,7 +22,8 @@ install: $(STAMP) ## Make .venv/ with the pinned versions (constraints.txt)
 
 # Two workers, each test file whole on one of them (its module fixtures are built once), the
 # longest files first (tests/conftest.py): the suite mostly waits on subprocesses and daemons,
-# so two workers use both cores.
+# so two workers use both cores. At the end it lists any test over 3 s of CPU (its process and
+# children, a measure load barely changes) that lacks the `slow` marker `test-fast` leaves out.
 PYTEST  := $(PYTHON) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 test: $(STAMP) ## The whole suite, slow tests included (two workers)
