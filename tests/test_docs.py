@@ -144,6 +144,7 @@ def test_every_derived_number_of_the_central_claim_section_is_redone_from_commit
     assert count >= 4 and unexplained == []
 
 
+@pytest.mark.slow
 def test_committed_tables_are_what_make_figures_builds_from_the_committed_runs(tmp_path):
     """`make figures` (RUNS=results/runs, NET=10gbit) rebuilds every committed table byte for
     byte: a run added or changed without rebuilding them, or a table edited by hand, fails."""

@@ -142,6 +142,7 @@ def _successors_under_fsdp_and_across_ranks(rank):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_successors_run_under_fsdp_and_refuse_ranks_that_disagree(tmp_path):
     from test_comm_distributed import run_workers

@@ -77,8 +77,8 @@ def test_two_ranks_match_one_rank_on_the_same_global_batch(tmp_path):
 STRATEGIES = {"ddp": [], "fsdp": ["dist.strategy=fsdp", "dist.nproc_per_node=2"]}
 
 
-@pytest.mark.parametrize("strategy", [
-    "ddp", pytest.param("fsdp", marks=[pytest.mark.slow, pytest.mark.distributed])])
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=pytest.mark.distributed)])
 def test_resume_continues_identically(tmp_path, strategy):
     """Under fsdp the checkpoint holds the whole model and optimizer (gathered from the
     shards), each rank's reducer (error memory, Q) and rank 0's detector, as under ddp."""
