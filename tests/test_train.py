@@ -97,6 +97,7 @@ def test_resume_continues_identically(tmp_path, strategy):
     assert read_summary(tmp_path / "split")["status"] == "completed"
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_keeps_its_id_across_a_resume(tmp_path):
     common = ["model=resnet18", "model.width=0.125", *SMALL_IMAGE, "trainer.epochs=2",
               "trainer.max_steps_per_epoch=1", "trainer.max_eval_steps=1", "logger.wandb.mode=offline"]
