@@ -8,8 +8,9 @@ NET     ?= 10gbit
 
 .PHONY: install test test-fast demo figures bench bench-models bench-network bench-ddp-network gpu-check wheelhouse reproduce-cpu reproduce-cpu-full reproduce-cpu-long clean-demo help
 
-help:
-	@echo "make install | test | demo | figures [RUNS=dir NET=10gbit] | bench | bench-network | bench-ddp-network | reproduce-cpu | reproduce-cpu-full"
+# `make help` lists every target that has a `## ` comment on its own line, with that comment.
+help: ## This list
+	@awk -F ':.*## ' '/^[a-z][a-z-]*:.*## / {printf "  %-20s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 # pyproject.toml asks for ranges (torch>=2.1, ...); constraints.txt pins the tested versions.
 $(STAMP): pyproject.toml constraints.txt
@@ -17,17 +18,18 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m pip install --quiet -c constraints.txt -e '.[test]'
 	@touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) ## Make .venv/ with the pinned versions (constraints.txt)
 
 # Two workers, each test file whole on one of them (its module fixtures are built once), the
 # longest files first (tests/conftest.py): the suite mostly waits on subprocesses and daemons,
-# so two workers use both cores.
+# so two workers use both cores. At the end it lists any test over 3 s of CPU (its process and
+# children, a measure load barely changes) that lacks the `slow` marker `test-fast` leaves out.
 PYTEST  := $(PYTHON) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
-test: $(STAMP)
+test: $(STAMP) ## The whole suite, slow tests included (two workers)
 	$(PYTEST)
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) ## The suite without the tests marked slow
 	$(PYTEST) -m "not slow"
 
 # Two gloo ranks train ResNet-18 at quarter width on the offline synthetic CIFAR-10
@@ -43,21 +45,21 @@ DEMO_ARGS = model=resnet18 model.width=0.25 dataset=synthetic_cifar10 compressor
 	trainer.batch_size=32 trainer.max_steps_per_epoch=$(DEMO_STEPS) trainer.max_eval_steps=4 \
 	optim.warmup_epochs=0 logger.wandb.mode=offline trainer.progress=always run.name=demo \
 	trainer.resume=never hydra.run.dir=$(DEMO_DIR)
-demo: $(STAMP)
+demo: $(STAMP) ## Two gloo ranks train ResNet-18 with Accordion for 8 short epochs
 	$(PYTHON) -m accordion_repro.train $(DEMO_ARGS)
 
-clean-demo:
+clean-demo: ## Delete every demo run under DEMO_DIR
 	rm -rf $(DEMO_DIR)
 
-figures: $(STAMP)
+figures: $(STAMP) ## Tables and figures from RUNS [RUNS=dir NET=10gbit]
 	$(PYTHON) -m accordion_repro.analysis --runs $(RUNS) --out results --net $(NET)
 
-bench: $(STAMP)
+bench: $(STAMP) ## Compressor and DDP step benchmarks
 	$(PYTHON) scripts/bench_compressors.py && $(PYTHON) scripts/bench_ddp.py
 
 # Every model's step time (the cost model's compute), then what makes a step cheaper here:
 # bf16, channels_last, torch.compile and the device-side input pipeline against fp32 / PIL.
-bench-models: $(STAMP)
+bench-models: $(STAMP) ## Every model's step time, then bf16, channels_last, compile, input pipeline
 	$(PYTHON) scripts/bench_models.py && $(PYTHON) scripts/bench_step_options.py
 
 # The CUDA/NCCL path and step times on one GPU (scripts/gpu_check.py): one line and exit 0 where
@@ -65,30 +67,30 @@ bench-models: $(STAMP)
 # $(STAMP)): it runs with PYTHON=... when given (`make gpu-check PYTHON=python3`, an offline
 # node's own torch), else with .venv/ when it exists, else with $(PY). docs/gpu.md.
 GPU_PYTHON = $(if $(filter command line,$(origin PYTHON)),$(PYTHON),$(if $(wildcard $(PYTHON)),$(PYTHON),$(PY)))
-gpu-check:
+gpu-check: ## The CUDA/NCCL path and step times on one GPU (docs/gpu.md)
 	@$(GPU_PYTHON) scripts/gpu_check.py
 
 # The non-torch dependencies as wheels for an offline node (docs/gpu.md): WHEEL_PYTHON=3.12.
 WHEEL_PYTHON ?= 3.12
-wheelhouse:
+wheelhouse: ## Non-torch dependencies as wheels for an offline node [WHEEL_PYTHON=3.12]
 	$(PY) scripts/wheelhouse.py --python-version $(WHEEL_PYTHON)
 
-bench-network: $(STAMP)
+bench-network: $(STAMP) ## Whole-run training time of the CPU study across a shaped link (root, tc)
 	$(PYTHON) scripts/bench_network.py
 
 # A whole DDP step (torch's hooks and ours) across a shaped link, against the link's bound
 # (root, iproute2, tc): results/bench/ddp_network.{csv,md}; docs/network_bench.md.
-bench-ddp-network: $(STAMP)
+bench-ddp-network: $(STAMP) ## A whole DDP step across a shaped link (root, iproute2, tc)
 	$(PYTHON) scripts/bench_ddp_network.py
 
-reproduce-cpu: $(STAMP)
+reproduce-cpu: $(STAMP) ## The CPU-scale study (scripts/reproduce_cpu.py)
 	$(PYTHON) scripts/reproduce_cpu.py
 
 # The whole-CIFAR study (scale=cpu_full): resumable, skips finished runs, so it can run in parts.
-reproduce-cpu-full: $(STAMP)
+reproduce-cpu-full: $(STAMP) ## The whole-CIFAR study (scale=cpu_full), resumable
 	$(PYTHON) scripts/reproduce_cpu.py --study cpu_full --seeds 42 43 44
 
 # The central-claim study (scale=cpu_long, 30 epochs, bf16): Table 1 ResNet-18 and Figure 2 (b)'s
 # data-driven arms for 3 seeds, then Table 3 Top-K. Resumable; skips finished runs.
-reproduce-cpu-long: $(STAMP)
+reproduce-cpu-long: $(STAMP) ## The central-claim study (scale=cpu_long, 30 epochs), resumable
 	$(PYTHON) scripts/reproduce_cpu.py --study cpu_long --seeds 42 43 44

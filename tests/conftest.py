@@ -39,6 +39,57 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=rank)  # stable: the order within a file and among the others is kept
 
 
+# pyproject.toml's `slow` marker: "over ~3 s here". A test's cost is counted in CPU seconds
+# (its own process and every child it waited for), which the machine's load barely changes,
+# unlike wall time; `make test` lists the unmarked tests above this at its end.
+SLOW_CPU_S = 3.0
+
+
+def _cpu_s() -> float:
+    """User + system CPU seconds of this process and of its children that have been waited for."""
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    item.stash[_CPU_START] = _cpu_s()
+    yield
+
+
+_CPU_START = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each test's CPU seconds (setup to teardown, its module fixtures included where it is the
+    first to use them) go with its teardown report: to the controller under xdist and into
+    --junitxml as the property cpu_s."""
+    outcome = yield
+    report = outcome.get_result()
+    if call.when == "teardown" and _CPU_START in item.stash:
+        report.user_properties.append(("cpu_s", round(_cpu_s() - item.stash[_CPU_START], 2)))
+
+
+_UNMARKED_SLOW: list[tuple[float, str]] = []
+
+
+def pytest_runtest_logreport(report):
+    cpu = dict(report.user_properties).get("cpu_s") if report.when == "teardown" else None
+    if cpu is not None and cpu > SLOW_CPU_S and "slow" not in report.keywords:
+        _UNMARKED_SLOW.append((cpu, report.nodeid))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _UNMARKED_SLOW:
+        terminalreporter.section(f"over {SLOW_CPU_S:.0f} s of CPU without the slow marker "
+                                 "(mark them: `make test-fast` leaves slow tests out)")
+        for cpu, nodeid in sorted(_UNMARKED_SLOW, reverse=True):
+            terminalreporter.write_line(f"{cpu:7.1f} s CPU  {nodeid}")
+
+
 def load_script(name: str):
     """scripts/<name>.py as a module (the scripts are not a package)."""
     import importlib.util

@@ -132,7 +132,7 @@ def test_readme_example_runs_under_torchrun_and_its_detector_sees_local_gradient
     reference_dir = tmp_path / "reference"
     reference_dir.mkdir()
     direct, _ = run_workers(functools.partial(_trainer_path_worker, example_file=str(example_file)),
-                            reference_dir, timeout=120)
+                            reference_dir)
     levels_seen = set()
     for got, local, avg in zip(logged, direct["reports"], direct["averaged"]):
         torch.testing.assert_close(got["norms"], local["norms"], rtol=1e-5, atol=0)
@@ -226,7 +226,7 @@ def _accordion_vs_trainer_worker(rank):
 @pytest.mark.slow
 @distributed
 def test_accordion_updates_the_parameters_as_the_trainers_reducer_path(tmp_path):
-    r0, r1 = run_workers(_accordion_vs_trainer_worker, tmp_path, timeout=120)
+    r0, r1 = run_workers(_accordion_vs_trainer_worker, tmp_path)
     for name, high in (("powersgd", 1), ("topk", 0.05)):
         (acc_trace, acc_levels), (tr_trace, tr_levels) = r0[name]["accordion"], r0[name]["trainer"]
         assert acc_levels == tr_levels == r1[name]["accordion"][1]
@@ -351,7 +351,7 @@ def test_the_pipeline_starts_a_bucket_before_waiting_for_the_earlier_ones():
 @pytest.mark.slow
 @distributed
 def test_async_hook_equals_sync_hook_and_a_level_mismatch_stops_in_one_line(tmp_path):
-    r0, r1 = run_workers(_async_worker, tmp_path, timeout=150)
+    r0, r1 = run_workers(_async_worker, tmp_path)
     mismatch = r0.pop("mismatch"), r1.pop("mismatch")
     for key, ((async_trace, async_stats), (sync_trace, sync_stats)) in r0.items():
         assert async_stats == sync_stats, key
@@ -394,7 +394,7 @@ def _precision_worker(rank):
 @pytest.mark.slow
 @distributed
 def test_bf16_and_fp16_gradients_train_like_fp32(tmp_path):
-    r0, r1 = run_workers(_precision_worker, tmp_path, timeout=120)
+    r0, r1 = run_workers(_precision_worker, tmp_path)
     for compressor in ("powersgd", "topk"):
         reference_losses, reference = r0[(compressor, "fp32")]
         for mode, tolerance in (("bf16", 3e-2), ("fp16", 5e-3), ("fp16 wrapper", 5e-3)):
@@ -471,7 +471,7 @@ def _resume_worker(rank):
 def test_a_saved_accordion_state_resumes_bit_for_bit(tmp_path):
     """One bucket or several (DDP regroups them after the first step), with error memory or
     without: the resumed run computes every parameter bit for bit as the uninterrupted one."""
-    for result in run_workers(_resume_worker, tmp_path, timeout=150):
+    for result in run_workers(_resume_worker, tmp_path):
         assert sorted(result, key=str) == sorted(RESUME_CASES, key=str)
         for case, ((straight, levels), (resumed, resumed_levels)) in result.items():
             assert levels == resumed_levels, case
@@ -592,7 +592,7 @@ def _misuse_worker(rank):
 @pytest.mark.slow
 @distributed
 def test_topk_above_break_even_warns_once_and_end_epoch_on_one_rank_stops_both(tmp_path):
-    r0, r1 = run_workers(_misuse_worker, tmp_path, timeout=120)
+    r0, r1 = run_workers(_misuse_worker, tmp_path)
     [warning] = r0["warnings"]  # rank 0 warns, once, for `low` only
     assert "low=0.5 on 2 ranks sends 2x the floats of no compression" in warning
     assert "only below low=0.25" in warning and r1["warnings"] == []
@@ -630,7 +630,7 @@ def _construction_worker(rank):
 @pytest.mark.slow
 @distributed
 def test_mistyped_arguments_and_ranks_that_disagree_are_refused_at_construction(tmp_path):
-    for rank, out in enumerate(run_workers(_construction_worker, tmp_path, timeout=120)):
+    for rank, out in enumerate(run_workers(_construction_worker, tmp_path)):
         assert out["async_op"] == "ConfigError: async_op: must be true or false, got 'no'"
         assert out["PowerSGD"] == ("ConfigError: compressor: unknown compressor 'PowerSGD': "
                                    "Accordion takes 'acp_powersgd', 'powersgd' or 'topk' "

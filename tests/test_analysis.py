@@ -361,6 +361,7 @@ def _figure_runs(root: Path, fig10: bool = True):
                   global_batch=(512, 512, 16384, 16384, 512))
 
 
+@pytest.mark.slow
 def test_figures_are_reproducible_and_missing_ones_are_named(tmp_path):
     write_run(tmp_path / "runs", "fig10/accordion", table=None, figure="fig10",
               method="accordion", compressor="none", accs=(30.0, 60.0),
@@ -669,6 +670,7 @@ def test_command_line_entry_point(tmp_path, capsys):
     assert not math.isnan(float(read_csv(tmp_path / "out/tables/table1.csv")[1]["predicted_time_s"]))
 
 
+@pytest.mark.slow
 def test_a_figure_over_several_scales_is_drawn_once_per_scale(tmp_path):
     """fig2 from the most faithful scale present, fig2_<scale> from each other: curves of
     different run lengths never share an axis."""
@@ -733,6 +735,7 @@ def _drawn_values(axes) -> np.ndarray:
     return values[np.isfinite(values)]
 
 
+@pytest.mark.slow
 def test_no_figure_marker_or_curve_mixes_scales(tmp_path, monkeypatch):
     """The real build on runs of two scales: every value any figure draws on an accuracy axis
     (curves, bands, trade-off markers and their error bars, panel (c)'s finals) lies in one

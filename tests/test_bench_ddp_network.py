@@ -115,6 +115,7 @@ def _clocked_gather_worker(rank):
     return gathered, [record[2] for record in clock.collectives]
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_the_breakdown_clocks_every_segment_of_an_all_gather(tmp_path):
     from test_comm_distributed import run_workers

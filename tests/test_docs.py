@@ -147,6 +147,7 @@ def test_every_derived_number_of_the_central_claim_section_is_redone_from_commit
     assert count >= 4 and unexplained == []
 
 
+@pytest.mark.slow
 def test_committed_tables_are_what_make_figures_builds_from_the_committed_runs(tmp_path):
     """`make figures` (RUNS=results/runs, NET=10gbit) rebuilds every committed table byte for
     byte: a run added or changed without rebuilding them, or a table edited by hand, fails."""
@@ -187,3 +188,17 @@ def test_the_run_directory_guarantees_name_exactly_the_tests_that_check_them():
 def test_the_readme_is_a_front_door():
     """Issue 39: the README stays short; studies and reports live under docs/."""
     assert len((REPO / "README.md").read_text().splitlines()) <= 300
+
+
+def test_make_help_lists_every_target_and_phony_names_only_targets():
+    """`make help` is built from the `## ` comments, so a target without one is missing there."""
+    import subprocess
+
+    text = (REPO / "Makefile").read_text()
+    targets = re.findall(r"^([a-z][a-z-]*):(?!=)", text, flags=re.M)
+    phony = re.search(r"^\.PHONY:(.*)$", text, flags=re.M).group(1).split()
+    assert sorted(phony) == sorted(targets)
+    listed = subprocess.run(["make", "-s", "-C", str(REPO), "help"], capture_output=True, text=True,
+                            check=True).stdout.splitlines()
+    assert [line.split()[0] for line in listed] == targets
+    assert all(len(line.split(None, 1)) == 2 for line in listed)

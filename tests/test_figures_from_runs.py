@@ -71,6 +71,7 @@ def test_every_table_and_figure_is_built_from_trainer_runs(runs, tmp_path):
     assert "Reduced models: resnet18 (width=0.125)" in (tmp_path / "out/tables/table1.md").read_text().splitlines()[0]
 
 
+@pytest.mark.slow
 def test_table1_numbers_equal_the_runs_metrics(runs, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -104,6 +105,7 @@ def _schedule(run_dir: Path) -> dict:
     return yaml.safe_load((run_dir / "resolved.yaml").read_text())["schedule"]
 
 
+@pytest.mark.slow
 def test_figures_and_batch_labels_follow_what_the_trainer_logged(runs, tmp_path):
     from accordion_repro.analysis import figures
 

@@ -160,6 +160,7 @@ def _same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 @distributed
 @pytest.mark.parametrize("compressor", ["powersgd", "topk"])
 def test_non_compressing_levels_give_plain_fsdp_bit_for_bit(results, compressor):
@@ -172,6 +173,7 @@ def test_non_compressing_levels_give_plain_fsdp_bit_for_bit(results, compressor)
     assert _same(results[0]["plain"], results[1]["plain"])
 
 
+@pytest.mark.slow
 @distributed
 @pytest.mark.parametrize("compressor", ["powersgd", "topk"])
 def test_fsdp_accordion_equals_ddp_accordion(results, compressor):
@@ -191,12 +193,14 @@ def test_fsdp_accordion_equals_ddp_accordion(results, compressor):
     assert _same(results[0][f"{compressor}_fsdp"][0], results[1][f"{compressor}_fsdp"][0])
 
 
+@pytest.mark.slow
 @distributed
 def test_packed_alike_fsdp_and_ddp_powersgd_agree_bit_for_bit(results):
     for out in results:
         assert _same(out["powersgd_fsdp_one_unit"][0], out["powersgd_ddp_one_bucket"][0])
 
 
+@pytest.mark.slow
 @distributed
 @pytest.mark.parametrize("compressor", ["powersgd", "topk"])
 def test_saved_state_resumes_fsdp_accordion_bit_for_bit(results, compressor):
@@ -207,6 +211,7 @@ def test_saved_state_resumes_fsdp_accordion_bit_for_bit(results, compressor):
         assert straight_history[-1]["levels"] == resumed_history[-1]["levels"]
 
 
+@pytest.mark.slow
 @distributed
 def test_report_states_error_memory_and_pop_stats_the_fsdp_baseline(results):
     model = SmallNet()
@@ -222,6 +227,7 @@ def test_report_states_error_memory_and_pop_stats_the_fsdp_baseline(results):
         assert out["powersgd_whole"][1][0]["report"]["error_memory_bytes"] == 0
 
 
+@pytest.mark.slow
 @distributed
 def test_ranks_with_different_levels_stop_with_one_line(results):
     for out in results:

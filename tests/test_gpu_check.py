@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import subprocess
 import sys
 import time
@@ -97,10 +98,14 @@ def test_a_hung_part_is_stopped_within_its_limit_and_named(tmp_path):
                           env=env, capture_output=True, text=True, timeout=300)
     took = time.monotonic() - start
     assert done.returncode == 1
-    assert "gpu-check: DID NOT FINISH: models (stopped after 20 s" in done.stdout
+    # stopped at the 20 s budget (not at the part's own 120 s limit): the check's own clock,
+    # which starts after its imports (a minute of this test's time under a load of 13)
+    stopped = re.search(r"gpu-check: DID NOT FINISH: models \(stopped after (\d+) s", done.stdout)
+    assert stopped and int(stopped.group(1)) <= 20, done.stdout
     # the budget spent, the next part is not started, and says so
     assert "gpu-check: DID NOT FINISH: pipeline (the 20 s budget ran out)" in done.stdout
-    assert took < 20 + 60, f"the check took {took:.0f} s"
+    total = re.search(r", in (\d+) s; results in ", done.stdout)
+    assert total and int(total.group(1)) < 20 + 30, (f"the check took {took:.0f} s", done.stdout)
     rows = list(csv.DictReader((tmp_path / "checks.csv").open()))
     assert [(r["part"], r["status"]) for r in rows] == [("models", "timeout"),
                                                         ("pipeline", "not started")]

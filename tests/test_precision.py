@@ -23,6 +23,7 @@ def fp32_run(tmp_path_factory):
     return read_metrics(train(TINY, tmp_path_factory.mktemp("fp32") / "run"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bf16", "fp16"])
 def test_reduced_precision_trains_close_to_fp32(fp32_run, tmp_path, name):
     metrics = read_metrics(train([*TINY, f"trainer.precision={name}"], tmp_path / "run"))

@@ -184,6 +184,7 @@ def test_sigterm_stops_cleanly_as_stopped_and_the_resume_matches_an_uninterrupte
 
 @pytest.mark.slow
 @pytest.mark.distributed
+@pytest.mark.timeout(1500)  # three two-rank FSDP runs: over 300 s on 2 cores under a load of 13
 def test_an_fsdp_run_killed_mid_epoch_resumes_to_the_uninterrupted_metrics(tmp_path):
     """dist.strategy=fsdp (issue 40): SIGTERM inside epoch 1, the same command resumes from
     epoch 0's checkpoint (whole model and optimizer, every rank's reducer, rank 0's detector)
@@ -195,9 +196,9 @@ def test_an_fsdp_run_killed_mid_epoch_resumes_to_the_uninterrupted_metrics(tmp_p
     run_dir = tmp_path / "run"
     proc = popen(run_dir, *overrides)
     try:
-        wait_until(lambda: (run_dir / "metrics.jsonl").exists(), timeout=180, what="epoch 0")
+        wait_until(lambda: (run_dir / "metrics.jsonl").exists(), timeout=600, what="epoch 0")
         proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=120)
+        proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -208,13 +209,20 @@ def test_an_fsdp_run_killed_mid_epoch_resumes_to_the_uninterrupted_metrics(tmp_p
     assert without_timing(read_metrics(run_dir)) == without_timing(read_metrics(tmp_path / "whole"))
 
 
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_a_failed_rank_leaves_status_failed_with_its_rank_and_cause(tmp_path, monkeypatch):
-    run_dir = tmp_path / "run"
-    # a dataset path that only rank 1 cannot read would need a fault; a NaN does it for every rank
+@pytest.fixture(scope="module")
+def diverged_two_ranks(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """A two-rank run that fails: (its run directory, what the CLI printed). A dataset path
+    that only rank 1 cannot read would need a fault; a NaN does it for every rank."""
+    run_dir = tmp_path_factory.mktemp("diverged") / "run"
     out = cli(run_dir, "trainer.epochs=2", "dist.nproc_per_node=2", "optim.lr=1e30",
               "optim.warmup_epochs=0", base=DENSE)
+    return run_dir, out
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_failed_rank_leaves_status_failed_with_its_rank_and_cause(diverged_two_ranks):
+    run_dir, out = diverged_two_ranks
     assert out.returncode == 1
     summary = read_summary(run_dir)
     assert summary["status"] == "failed"
@@ -222,6 +230,7 @@ def test_a_failed_rank_leaves_status_failed_with_its_rank_and_cause(tmp_path, mo
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # two CLI runs: over 300 s on 2 cores under a load of 13
 def test_a_diverging_run_stops_within_one_epoch_and_is_never_a_result(tmp_path):
     run_dir = tmp_path / "runs" / "nan"
     out = cli(run_dir, "trainer.epochs=3", "optim.lr=1e30", "optim.warmup_epochs=0", base=DENSE)
@@ -601,16 +610,24 @@ def _demo_command(run_dir: Path, *make_args: str) -> str:
     return dry.stdout.strip().splitlines()[-1]
 
 
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> tuple[Path, str, subprocess.CompletedProcess]:
+    """`make demo` as it is, run once: (its run directory, its command, what it printed)."""
+    run_dir = tmp_path_factory.mktemp("demo") / "demo"
+    command = _demo_command(run_dir)
+    out = subprocess.run(command, shell=True, cwd=REPO, capture_output=True, text=True,
+                         timeout=1200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return run_dir, command, out
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(1200)  # about 90 s of CPU: a minute on 2 idle cores, 5-8 under a load of 15
-def test_the_whole_demo_learns_and_runs_an_epoch_at_the_high_compression(tmp_path):
+def test_the_whole_demo_learns_and_runs_an_epoch_at_the_high_compression(demo):
     """Issue 37: `make demo` as it is ends well above chance (10 classes; it ended at 11 %
     before) and some epoch runs layers at rank 1, the high compression."""
-    run_dir = tmp_path / "demo"
-    out = subprocess.run(_demo_command(run_dir), shell=True, cwd=REPO, capture_output=True,
-                         text=True, timeout=1200)
-    assert out.returncode == 0, out.stderr[-3000:]
+    run_dir, _, out = demo
     epochs = [l for l in out.stdout.replace("\r", "\n").splitlines()
               if re.match(r"epoch +\d+/\d+ ", l)]
     final = read_summary(run_dir)["final_test_acc"]
@@ -622,15 +639,14 @@ def test_the_whole_demo_learns_and_runs_an_epoch_at_the_high_compression(tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_the_demo_prints_no_warning_an_epoch_line_each_and_a_summary(tmp_path):
-    """`make demo`'s own command (read from the Makefile), one step per epoch."""
-    run_dir = tmp_path / "demo"
-    command = _demo_command(run_dir, "DEMO_STEPS=1")
-    assert "accordion_repro.train" in command and "trainer.max_steps_per_epoch=1" in command
+@pytest.mark.timeout(1200)  # the same demo run as above (a module fixture), whichever test starts it
+def test_the_demo_prints_no_warning_an_epoch_line_each_and_a_summary(demo):
+    """`make demo`'s own command (read from the Makefile, DEMO_STEPS passed through)."""
+    run_dir, command, out = demo
+    steps = re.search(r"^DEMO_STEPS \?= (\d+)$", (REPO / "Makefile").read_text(), re.M).group(1)
+    assert "accordion_repro.train" in command and f"trainer.max_steps_per_epoch={steps}" in command
+    assert "trainer.max_steps_per_epoch=1 " in _demo_command(run_dir, "DEMO_STEPS=1")
     total = int(re.search(r"trainer\.epochs=(\d+)", command).group(1))
-    out = subprocess.run(command, shell=True, cwd=REPO, capture_output=True, text=True,
-                         timeout=600)
-    assert out.returncode == 0, out.stderr
     console = out.stdout + out.stderr
     assert "warning" not in console.lower() and "Traceback" not in console
     epochs = [l for l in out.stdout.replace("\r", "\n").splitlines() if "test_acc" in l]
@@ -677,10 +693,8 @@ def test_a_second_sigterm_ends_the_run_as_stopped_and_resumable(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_a_diverged_two_rank_run_prints_one_line(tmp_path):
-    run_dir = tmp_path / "run"
-    out = cli(run_dir, "trainer.epochs=2", "dist.nproc_per_node=2", "optim.lr=1e30",
-              "optim.warmup_epochs=0", base=DENSE)
+def test_a_diverged_two_rank_run_prints_one_line(diverged_two_ranks):
+    run_dir, out = diverged_two_ranks
     assert out.returncode == 1
     assert "Traceback" not in out.stderr
     [error] = _error_lines(out)

@@ -143,11 +143,12 @@ def _successors_under_fsdp_and_across_ranks(rank):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_successors_run_under_fsdp_and_refuse_ranks_that_disagree(tmp_path):
     from test_comm_distributed import run_workers
 
-    r0, r1 = run_workers(_successors_under_fsdp_and_across_ranks, tmp_path, timeout=180)
+    r0, r1 = run_workers(_successors_under_fsdp_and_across_ranks, tmp_path)
     for name in OBJECTS:
         assert r0[name] == r1[name] and len(r0[name]) == 3
     assert r0["phase_rule"] == [1, 2, 1]
