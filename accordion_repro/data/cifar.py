@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import os
 
-from torchvision.datasets import CIFAR10, CIFAR100
-
 from ..errors import DatasetMissingError
 from .bundle import DataBundle, make_bundle
 from .images import image_transforms
 from .settings import CifarSettings
 
 _SOURCES = {
-    "cifar10": dict(cls=CIFAR10, num_classes=10, label="CIFAR-10"),
-    "cifar100": dict(cls=CIFAR100, num_classes=100, label="CIFAR-100"),
+    "cifar10": dict(cls="CIFAR10", num_classes=10, label="CIFAR-10"),
+    "cifar100": dict(cls="CIFAR100", num_classes=100, label="CIFAR-100"),
 }
 
 _HOW_TO_GET = ("set dataset.download=true or place the python-version archive there "
@@ -38,7 +36,7 @@ def check(settings: CifarSettings) -> None:
     if settings.download:
         return
     source = _SOURCES[settings.name]
-    cls = source["cls"]
+    cls = _reader(source)
     folder = os.path.join(settings.root, cls.base_folder)
     expected = [name for name, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
     missing = [f for f in expected if not os.path.isfile(os.path.join(folder, f))]
@@ -52,7 +50,7 @@ def check(settings: CifarSettings) -> None:
 def build(settings: CifarSettings, seed: int) -> DataBundle:
     check(settings)
     source = _SOURCES[settings.name]
-    cls, root = source["cls"], settings.root
+    cls, root = _reader(source), settings.root
     reader = cls if settings.verify_checksums else _without_checksums(cls)
     train_tf, test_tf = image_transforms(settings)
     try:
@@ -64,3 +62,11 @@ def build(settings: CifarSettings, seed: int) -> DataBundle:
             f"fail torchvision's md5 check; {_HOW_TO_GET}, or set dataset.verify_checksums=false "
             f"for a non-official copy") from None
     return make_bundle(settings, train, test, seed=seed, num_classes=source["num_classes"])
+
+
+def _reader(source: dict) -> type:
+    """torchvision's reader class, imported only when a CIFAR dataset is read: importing
+    torchvision costs seconds, which every launcher, refused job and spawned rank paid before."""
+    import torchvision.datasets
+
+    return getattr(torchvision.datasets, source["cls"])

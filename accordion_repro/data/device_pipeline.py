@@ -24,7 +24,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Subset
-from torchvision import transforms
 
 from ..errors import ConfigError
 from ..transfer import host_to_device
@@ -56,6 +55,8 @@ class Step:
 
 def steps_of(transform) -> list[Step]:
     """The official transform as Steps, in its order; anything else refused by name."""
+    from torchvision import transforms  # here: importing torchvision costs seconds per process
+
     listed = transform.transforms if isinstance(transform, transforms.Compose) else [transform]
     steps = []
     for t in listed:

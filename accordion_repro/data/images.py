@@ -10,13 +10,14 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset
-from torchvision import transforms
 
 from .settings import ImageSettings
 
 
 def image_transforms(settings: ImageSettings):
     """(train, test) transforms: RandomCrop(32, 4) + flip (+ rotation) only when augmenting."""
+    from torchvision import transforms  # here: importing torchvision costs seconds per process
+
     finish = [transforms.ToTensor(), transforms.Normalize(settings.mean, settings.std)]
     augmentation = []
     if settings.augment:
