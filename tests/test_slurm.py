@@ -1,4 +1,4 @@
-"""Slurm for real: a one-node cluster on this machine (conftest.slurm_cluster: slurmctld, slurmd
+"""Slurm for real: a one-node cluster on this machine (tests/harness/slurm.py: slurmctld, slurmd
 and munged from Debian's packages, run from a temporary folder) runs
 
 - a two-seed sweep through the submitit launcher profile (`hydra/launcher=slurm`),

@@ -1,0 +1,1 @@
+"""Test harnesses too large for conftest.py."""
