@@ -41,6 +41,7 @@ def _worker(rank):
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_every_rank_plans_alike_from_rank_0s_measurement(tmp_path):
     r0, r1 = run_workers(_worker, tmp_path, timeout=120)

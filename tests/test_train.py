@@ -285,6 +285,7 @@ def test_clip_point_local_clips_what_the_detector_sees(tmp_path, clip_point):
         assert total > 10 * max_norm
 
 
+@pytest.mark.slow
 def test_clip_point_is_checked():
     with pytest.raises(ConfigError) as caught:
         train(["dataset=synthetic_cifar10", "optim.clip_point=before"], Path("/nonexistent"))
