@@ -137,12 +137,8 @@ class RelativeErrorProbe(ErrorProbe):
     """ErrorProbe whose table is relative (e(r) = ||G - G_r|| / ||G||) and whose result also
     carries the detector's ratios, so the schedule can set its own eta."""
 
-    def error_table(self) -> list[list[float]]:
-        sums = self.detector.epoch_sums()
-        if sums is None:
-            return [[0.0] * len(self.ranks) for _ in self.layer_shapes]
-        return [relative_errors(total.reshape(shape), self.ranks)
-                for total, shape in zip(sums, self.layer_shapes)]
+    def errors_of(self, matrix: torch.Tensor, ranks: Sequence[int]) -> list[float]:
+        return relative_errors(matrix, ranks)
 
     def end_epoch(self, epoch: int, lr_now: float, lr_next: float) -> dict:
         measured = super().end_epoch(epoch, lr_now, lr_next)

@@ -138,12 +138,16 @@ class ErrorProbe:
     def end_step(self) -> None:
         self.detector.end_step()
 
+    def errors_of(self, matrix: torch.Tensor, ranks: Sequence[int]) -> list[float]:
+        """One layer's error at each candidate rank (a subclass may measure another error)."""
+        return rank_errors(matrix, ranks)
+
     def error_table(self) -> list[list[float]]:
         """Each layer's error at each candidate rank, on this epoch's sums (zeros before any)."""
         sums = self.detector.epoch_sums()
         if sums is None:
             return [[0.0] * len(self.ranks) for _ in self.layer_shapes]
-        return [rank_errors(total.reshape(shape), self.ranks)
+        return [self.errors_of(total.reshape(shape), self.ranks)
                 for total, shape in zip(sums, self.layer_shapes)]
 
     def end_epoch(self, epoch: int, lr_now: float, lr_next: float) -> dict:
