@@ -62,13 +62,13 @@ bench: $(STAMP) ## Compressor and DDP step benchmarks
 bench-models: $(STAMP) ## Every model's step time, then bf16, channels_last, compile, input pipeline
 	$(PYTHON) scripts/bench_models.py && $(PYTHON) scripts/bench_step_options.py
 
-# The CUDA/NCCL path and step times on one GPU (scripts/gpu_check.py): one line and exit 0 where
+# The CUDA/NCCL path and step times on one GPU (benchmarks/gpu_check.py): one line and exit 0 where
 # there is none; results/gpu/<date>-<gpu>/ to commit where there is. Installs nothing (no
 # $(STAMP)): it runs with PYTHON=... when given (`make gpu-check PYTHON=python3`, an offline
 # node's own torch), else with .venv/ when it exists, else with $(PY). docs/gpu.md.
 GPU_PYTHON = $(if $(filter command line,$(origin PYTHON)),$(PYTHON),$(if $(wildcard $(PYTHON)),$(PYTHON),$(PY)))
 gpu-check: ## The CUDA/NCCL path and step times on one GPU (docs/gpu.md)
-	@$(GPU_PYTHON) scripts/gpu_check.py
+	@$(GPU_PYTHON) -m benchmarks.gpu_check
 
 # The non-torch dependencies as wheels for an offline node (docs/gpu.md): WHEEL_PYTHON=3.12.
 WHEEL_PYTHON ?= 3.12

@@ -41,7 +41,7 @@ TORCH_APIS: tuple[TorchAPI, ...] = (
              "torch.autocast(device_type", "bf16 autocast on the CPU and on CUDA"),
     TorchAPI("torch.linalg.vector_norm", None, "1.10", "accordion_repro/comm/powersgd.py",
              "torch.linalg.vector_norm", "PowerSGD's rank-1 normalisation, the detector's norms"),
-    TorchAPI("torch.distributed.run", None, "1.10", "scripts/gpu_check.py",
+    TorchAPI("torch.distributed.run", None, "1.10", "benchmarks/gpu_check.py",
              "torch.distributed.run", "torchrun, the launcher of the trainer's GPU check"),
     TorchAPI("torch.load", "weights_only", "1.13", "accordion_repro/engine/checkpoint.py",
              "weights_only=True", "checkpoints are read without unpickling code"),

@@ -1,3 +1,12 @@
-"""Benchmarks that are not part of the installed package: they need root, iproute2 and tc (two
-network namespaces joined by a shaped veth link). Run from the repository root
-(`make bench-network`); the tests that use them import `benchmarks.netbench` from there."""
+"""The benchmark harness and the benchmarks built on it; scripts/bench_*.py are their command
+lines, and ranks started as subprocesses run `python -m benchmarks.<module>`.
+
+- harness.py: what every benchmark shares: loopback and torchrun-style ranks, the timed Arm,
+  interleaved rounds, quartiles, the CSV;
+- compressors.py, ddp_step.py (+ ddp_phases.py), fsdp_traffic.py, model_steps.py,
+  step_options.py: loopback and single-process benchmarks (`make bench`, `make bench-models`);
+- ddp_network.py, network.py and netbench/: the same across a tc-shaped veth link between two
+  network namespaces (root, iproute2, tc; docs/network_bench.md);
+- gpu_check.py (`make gpu-check`, `python3 -m benchmarks.gpu_check` where nothing is installed)
+  and gpu_parts.py, its measuring parts.
+"""

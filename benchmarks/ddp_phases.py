@@ -1,7 +1,7 @@
 """Where one DDP training step's time goes: forward, backward, the hook, collectives, optimizer.
 
 A step's wall time says whether a hook is fast; it does not say why not. This steps one arm of
-scripts/bench_ddp.py with clocks around its parts, for `steps` steps after `warmup`, and keeps
+benchmarks/ddp_step.py with clocks around its parts, for `steps` steps after `warmup`, and keeps
 the median of each part (milliseconds, rank 0):
 
 - forward: the loss, DDP's forward included (its broadcast of the module buffers);
@@ -151,7 +151,7 @@ def _one_step(arm, clock: _Clock) -> dict:
     t0 = time.perf_counter()
     arm.optimizer.zero_grad()
     tz = time.perf_counter()
-    loss = torch.nn.functional.cross_entropy(arm.ddp(arm.x), arm.y)
+    loss = torch.nn.functional.cross_entropy(arm.net(arm.x), arm.y)
     t1 = time.perf_counter()
     loss.backward()
     t2 = time.perf_counter()

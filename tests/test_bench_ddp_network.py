@@ -12,12 +12,13 @@ import sys
 
 import pytest
 
+from benchmarks import ddp_network
 from benchmarks.netbench.bench import link_calibration
 from benchmarks.netbench.ddp_report import (COLUMNS, comm_seconds, read_csv, readme_table,
                                             rows_for, write_csv)
 from benchmarks.netbench.netns import LinkSpec, ShapingReport, missing_requirement
 from benchmarks.netbench.report import csv_text
-from conftest import REPO, load_script
+from conftest import REPO
 
 MISSING = missing_requirement()
 SCRIPT = REPO / "scripts" / "bench_ddp_network.py"
@@ -126,21 +127,19 @@ def test_the_breakdown_clocks_every_segment_of_an_all_gather(tmp_path):
 
 
 def test_script_stops_at_once_with_one_line_when_requirements_are_missing(monkeypatch, capsys):
-    script = load_script("bench_ddp_network")
-    monkeypatch.setattr(script, "missing_requirement", lambda: "needs `tc` on PATH")
-    assert script.main([]) == 2
+    monkeypatch.setattr(ddp_network, "missing_requirement", lambda: "needs `tc` on PATH")
+    assert ddp_network.main([]) == 2
     assert capsys.readouterr().err.strip() == "bench-ddp-network: needs `tc` on PATH"
 
 
 def test_a_breakdown_keeps_the_other_arms_and_replaces_its_own(tmp_path):
-    script = load_script("bench_ddp_network")
     path = tmp_path / "ddp_network_breakdown.csv"
     row = lambda arm, width, step: {"link": "100 Mbit/s, 0 ms", "width": width, "arm": arm,  # noqa: E731
                                     "step": step}
-    assert script._kept_breakdowns(path, [row("ours async r2", 1.0, 5)]) == []
+    assert ddp_network._kept_breakdowns(path, [row("ours async r2", 1.0, 5)]) == []
     path.write_text(csv_text([row("ours async r2", 1, 9), row("ours async r2", 0.25, 3),
                               row("ours sync r2", 1, 7)], ["link", "width", "arm", "step"]))
-    kept = script._kept_breakdowns(path, [row("ours async r2", 1.0, 5)])
+    kept = ddp_network._kept_breakdowns(path, [row("ours async r2", 1.0, 5)])
     assert [(r["width"], r["arm"]) for r in kept] == [("0.25", "ours async r2"),
                                                      ("1", "ours sync r2")]
 

@@ -1,6 +1,6 @@
-"""scripts/bench_fsdp_traffic.py: the veth counter it reads and the rows it writes (bytes, the
-step against compute + wire bytes / rate). Nothing here is timed; the benchmark itself is
-run by hand (it needs root and minutes; docs/fsdp.md)."""
+"""benchmarks/fsdp_traffic.py (scripts/bench_fsdp_traffic.py): the veth counter it reads and
+the rows it writes (bytes, the step against compute + wire bytes / rate). Nothing here is
+timed; the benchmark itself is run by hand (it needs root and minutes; docs/fsdp.md)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,10 @@ import io
 
 import pytest
 
+from benchmarks import fsdp_traffic as bench
 from benchmarks.netbench.bench import link_calibration
 from benchmarks.netbench.netns import LinkSpec, ShapingReport
 from benchmarks.netbench.report import csv_text
-from conftest import load_script
-
-bench = load_script("bench_fsdp_traffic")
 
 PROC_NET_DEV = """\
 Inter-|   Receive                                                |  Transmit

@@ -1,5 +1,5 @@
-"""scripts/gpu_check.py: one line without a GPU and no install; the whole check, tiny, on the CPU;
-a hung part stopped within its limit and named; the offline node without Hydra & co."""
+"""benchmarks/gpu_check.py: one line without a GPU and no install; the whole check, tiny, on the
+CPU; a hung part stopped within its limit and named; the offline node without Hydra & co."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 
+from benchmarks import gpu_check, gpu_parts
 from conftest import REPO, load_script
 
 NO_GPU = "gpu-check: no CUDA GPU found (torch.cuda.is_available() is False); nothing run"
@@ -27,7 +28,7 @@ def test_make_gpu_check_installs_nothing_and_says_no_gpu_in_one_line():
                              f"PYTHON={sys.executable}"], cwd=REPO, capture_output=True,
                             text=True, timeout=60)
     assert recipe.returncode == 0 and recipe.stdout.splitlines() == [
-        f"{sys.executable} scripts/gpu_check.py"]
+        f"{sys.executable} -m benchmarks.gpu_check"]
     done = subprocess.run(["make", "--no-print-directory", "gpu-check",
                            f"PYTHON={sys.executable}"], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
@@ -45,9 +46,9 @@ def _blocker(tmp_path):
 @pytest.mark.slow
 def test_the_check_and_its_parts_import_nothing_of_hydra_omegaconf_submitit_wandb(tmp_path):
     env = _blocker(tmp_path)
-    code = ("import sys; sys.path.insert(0, 'scripts'); import gpu_check, gpu_parts; "
+    code = ("import benchmarks.gpu_check as gpu_check, benchmarks.gpu_parts; "
             "import accordion_repro.ddp, accordion_repro.comm.ddp_hook, accordion_repro.data, "
-            "bench_step_options, torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook; "
+            "benchmarks.step_options, torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook; "
             "print(gpu_check._trainer_missing())")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=120)
@@ -61,26 +62,25 @@ def test_the_check_and_its_parts_import_nothing_of_hydra_omegaconf_submitit_wand
 @pytest.mark.timeout(1500)  # seven parts, ~6.5 min on 2 loaded cores; the check's --tiny budget
 def test_the_tiny_check_runs_every_part_and_writes_its_results(tmp_path):
     out = tmp_path / "gpu"
-    done = subprocess.run([sys.executable, "scripts/gpu_check.py", "--tiny", "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--tiny",
+                           "--out", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stderr
-    script = load_script("gpu_check")
     assert f"results in {out}" in done.stdout and "9 of 9 checks passed, 0 skipped" in done.stdout
     checks = list(csv.DictReader((out / "checks.csv").open()))
-    assert [c["part"] for c in checks] == [script.PARTS[0]] + [script.PARTS[1]] * 3 + script.PARTS[2:]
+    assert [c["part"] for c in checks] == [gpu_check.PARTS[0]] + [gpu_check.PARTS[1]] * 3 + gpu_check.PARTS[2:]
     assert [c["check"] for c in checks[1:4]] == [
         "async hook = sync hook, bit for bit", "non-compressing levels = plain DDP",
         "Top-K replicas identical after 2 steps"]
     assert all(c["status"] == "ok" for c in checks), checks
     assert "3 ranks" in checks[3]["detail"] and "metrics equal: True" in checks[-1]["detail"]
     steps = list(csv.DictReader((out / "steps.csv").open()))
-    parts = load_script("gpu_parts")
     assert {(r["layout"], r["config"]) for r in steps} == {
-        (layout, name) for layout in parts.LAYOUTS for name in parts.STEP_CONFIGS}
+        (layout, name) for layout in gpu_parts.LAYOUTS for name in gpu_parts.STEP_CONFIGS}
     assert all(float(r["median_ms"]) > 0 for r in steps)
     models = list(csv.DictReader((out / "models.csv").open()))
     assert {(r["model"], r["layout"]) for r in models} == {
-        (m, layout) for m in parts.CIFAR_MODELS for layout in parts.LAYOUTS}
+        (m, layout) for m in gpu_parts.CIFAR_MODELS for layout in gpu_parts.LAYOUTS}
     pipelines = list(csv.DictReader((out / "pipeline.csv").open()))
     assert [r["pipeline"] for r in pipelines] == ["pil", "device"]
     assert all(float(r["images_per_s"]) > 0 for r in models + pipelines)
@@ -93,8 +93,8 @@ def test_the_tiny_check_runs_every_part_and_writes_its_results(tmp_path):
 def test_a_hung_part_is_stopped_within_its_limit_and_named(tmp_path):
     env = {**os.environ, "ACCORDION_GPU_CHECK_HANG": "models"}
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "scripts/gpu_check.py", "--tiny", "--only", "models",
-                           "pipeline", "--budget-s", "20", "--out", str(tmp_path)], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--tiny", "--only",
+                           "models", "pipeline", "--budget-s", "20", "--out", str(tmp_path)], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=300)
     took = time.monotonic() - start
     assert done.returncode == 1
@@ -115,8 +115,8 @@ def test_a_hung_part_is_stopped_within_its_limit_and_named(tmp_path):
 def test_without_hydra_the_trainer_parts_are_skipped_with_the_reason_and_the_rest_runs(tmp_path):
     (tmp_path / "blocked").mkdir()
     env = _blocker(tmp_path / "blocked")
-    done = subprocess.run([sys.executable, "scripts/gpu_check.py", "--tiny", "--only", "pipeline",
-                           "trainer topk accordion", "--out", str(tmp_path / "out")], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--tiny", "--only",
+                           "pipeline", "trainer topk accordion", "--out", str(tmp_path / "out")], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "1 of 2 checks passed, 1 skipped" in done.stdout

@@ -176,15 +176,10 @@ def test_missing_requirement_names_root_then_tc(monkeypatch):
 
 
 def test_script_stops_at_once_with_one_line_when_requirements_are_missing(monkeypatch, capsys):
-    import importlib.util
-    from pathlib import Path
+    from benchmarks import network
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_network.py"
-    spec = importlib.util.spec_from_file_location("bench_network_script", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    monkeypatch.setattr(script, "missing_requirement", lambda: "needs `tc` on PATH")
-    assert script.main([]) == 2
+    monkeypatch.setattr(network, "missing_requirement", lambda: "needs `tc` on PATH")
+    assert network.main([]) == 2
     err = capsys.readouterr().err
     assert err.strip() == "bench-network: needs `tc` on PATH"
 

@@ -44,7 +44,7 @@ def rows_for(calibration: LinkCalibration, width: float, measured: Sequence[dict
              load_1min: float | None = None) -> list[dict]:
     """One row per arm on one link at one width. `measured`: quantile rows of the arms' steps
     (config, median_ms, p25_ms, p75_ms, iqr_ms, n); `compute_ms`: each arm's median on a group
-    of one; `traffic`: what one rank handed to the network per step (bench_ddp.Arm.traffic);
+    of one; `traffic`: what one rank handed to the network per step (ddp_step.DdpArm.traffic);
     `load_1min`: the machine's load while they ran (every row of the link and width).
 
     ours_over_torch holds each of our arms, ACP-SGD's included, against torch's powerSGD_hook

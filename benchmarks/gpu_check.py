@@ -1,14 +1,15 @@
 """One prepared check of the CUDA and NCCL path, for the first minutes on a GPU (`make gpu-check`).
 
 It runs in the environment it is given and installs nothing (`make gpu-check PYTHON=python3`,
-or `python3 scripts/gpu_check.py` from the repository: the package need not be installed).
+or `python3 -m benchmarks.gpu_check` from the repository root: the package need not be
+installed).
 Without a GPU it prints one line and exits 0. With one, these parts run, each in its own
 process with a time limit, the whole check within --budget-s (default 450 s, under 8 minutes):
 
 - hook and step times: the DDP hook (`Accordion`, asynchronous) under bf16, then step times
   (zero_grad, forward, backward with the hook, SGD step; medians, configurations interleaved)
   for fp32, bf16 and channels_last x DDP's all-reduce, our PowerSGD at ranks 1/2/4, torch's
-  powerSGD_hook at ranks 1/2/4 and our Top-K 1/10/99 % (scripts/gpu_parts.py);
+  powerSGD_hook at ranks 1/2/4 and our Top-K 1/10/99 % (benchmarks/gpu_parts.py);
 - multi-gpu equality (2+ GPUs, up to 4; skipped, and said so, on one): the async hook equals
   the sync hook bit for bit, levels that compress nothing equal plain DDP, Top-K replicas are
   identical after N steps;
@@ -26,7 +27,7 @@ to results/gpu/<date>-<gpu>/ (checks.csv, steps.csv, models.csv, pipeline.csv, s
 `--tiny` runs the same parts small on the CPU with gloo (the test suite does), so the GPU's
 minutes go to measuring, not to debugging.
 
-    python scripts/gpu_check.py [--tiny] [--out DIR] [--only PART ...] [--budget-s S]
+    python -m benchmarks.gpu_check [--tiny] [--out DIR] [--only PART ...] [--budget-s S]
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PARTS_SCRIPT = REPO / "scripts" / "gpu_parts.py"
+PARTS_MODULE = "benchmarks.gpu_parts"  # run from REPO with REPO on PYTHONPATH (_env)
 TIMING = {"epoch_time_s", "compute_time_s", "comm_time_s"}
 # Each part's own limit in seconds on a GPU (--tiny: the same; the budget bounds the total).
 PART_LIMITS = {"hook and step times": 150, "multi-gpu equality": 120, "models": 120,
@@ -54,7 +55,7 @@ PART_LIMITS = {"hook and step times": 150, "multi-gpu equality": 120, "models": 
                "stop after epoch 0 and resume": 150}
 PARTS = list(PART_LIMITS)
 TRAINER_PARTS = PARTS[4:]
-HANG_ENV = "ACCORDION_GPU_CHECK_HANG"  # as scripts/gpu_parts.py
+HANG_ENV = "ACCORDION_GPU_CHECK_HANG"  # as benchmarks/gpu_parts.py
 
 
 def sizes(tiny: bool) -> dict:
@@ -191,9 +192,9 @@ def trainer_part(part: str, s: dict, work: Path, limit: float) -> dict:
 
 
 def worker_part(part: str, s: dict, work: Path, limit: float) -> tuple[dict, dict | None]:
-    """Run one of scripts/gpu_parts.py's parts; (its row, its result or None)."""
+    """Run one of benchmarks/gpu_parts.py's parts; (its row, its result or None)."""
     result = work / (part.replace(" ", "_") + ".json")
-    status, tail, wall = run_limited([sys.executable, str(PARTS_SCRIPT), part, json.dumps(s),
+    status, tail, wall = run_limited([sys.executable, "-m", PARTS_MODULE, part, json.dumps(s),
                                       str(result)], limit)
     data = json.loads(result.read_text()) if status == "ok" and result.exists() else None
     if status == "ok" and data is None:
@@ -324,7 +325,7 @@ def main(argv=None) -> int:
                             "detail": r["detail"]} for r in sub_rows]
             else:
                 checks.append({"part": part, "check": part, **row})
-        command = "python scripts/gpu_check.py" + (" --tiny" if args.tiny else "")
+        command = "python -m benchmarks.gpu_check" + (" --tiny" if args.tiny else "")
         write_results(out_dir, s, device_name, checks, results, command)
     failed = [c for c in checks if c["status"] in ("failed", "timeout", "not started")]
     passed = sum(c["status"] == "ok" for c in checks)

@@ -1,6 +1,6 @@
-"""The measuring parts of scripts/gpu_check.py, each run in its own process with a time limit.
+"""The measuring parts of benchmarks/gpu_check.py, each run in its own process with a time limit.
 
-    python scripts/gpu_parts.py PART SIZES_JSON RESULT_JSON
+    python -m benchmarks.gpu_parts PART SIZES_JSON RESULT_JSON
 
 PART is one of PARTS. Each part writes its result (plain JSON) to RESULT_JSON; gpu_check.py
 starts them, stops any that runs past its limit, and writes the results. Nothing here imports
@@ -27,12 +27,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "scripts")]
-
-from accordion_repro.engine.precision import autocast  # noqa: E402
-from accordion_repro.models import build_model  # noqa: E402
-from bench_compressors import interleave  # noqa: E402
+from accordion_repro.engine.precision import autocast
+from accordion_repro.models import build_model
+from benchmarks.harness import interleave
 
 HANG_ENV = "ACCORDION_GPU_CHECK_HANG"
 STEP_CONFIGS = ["dense", "ours powersgd r1", "ours powersgd r2", "ours powersgd r4",
@@ -177,7 +174,7 @@ def pipeline(s: dict) -> dict:
     """images/s of the loaders alone: the PIL pipeline (one image at a time, then copied to
     the device) against dataset.pipeline=device (augmentation per batch on the device)."""
     from accordion_repro.data import DeviceImages
-    from bench_step_options import BATCH, _images, _pil_batches
+    from benchmarks.step_options import BATCH, _images, _pil_batches
 
     device = torch.device(s["device"], 0) if s["device"] == "cuda" else torch.device("cpu")
     _hang_here("pipeline")

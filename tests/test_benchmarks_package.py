@@ -1,0 +1,93 @@
+"""benchmarks/ owns the benchmark harness; scripts/bench_*.py are its command lines (issue 39).
+
+The benchmarks import each other as a package (no `sys.path` edits), from any directory, and
+the ranks they start as subprocesses run `python -m benchmarks.<module>` with options that
+module's own parser accepts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import harness
+from conftest import REPO
+
+
+def test_no_script_or_benchmark_edits_sys_path():
+    for path in [*(REPO / "scripts").glob("*.py"), *(REPO / "benchmarks").rglob("*.py")]:
+        assert "sys.path" not in path.read_text(), path
+
+
+def test_every_benchmark_script_is_the_command_line_of_a_benchmarks_module():
+    scripts = sorted((REPO / "scripts").glob("bench_*.py"))
+    assert len(scripts) == 7
+    for path in scripts:
+        text = path.read_text()
+        found = re.search(r"^from (benchmarks\.\w+) import main$", text, flags=re.M)
+        assert found, path
+        assert callable(importlib.import_module(found.group(1)).main)
+        code = text.split('"""')[-1]  # after the docstring
+        assert len([line for line in code.splitlines() if line.strip()]) <= 4, path
+
+
+def test_the_package_imports_from_outside_the_repository(tmp_path):
+    done = subprocess.run([sys.executable, "-c", "import benchmarks.harness, benchmarks.ddp_step, "
+                           "benchmarks.fsdp_traffic, benchmarks.netbench.ranks"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_rank_commands_run_a_module_whose_parser_takes_them(tmp_path):
+    from benchmarks import ddp_network, ddp_step, fsdp_traffic
+
+    raw = tmp_path / "raw.json"
+    argv = ddp_network._rank_argv(ddp_network.parse_args(["--only", "r2", "--topk", "0.01"]),
+                                  0.25, raw)
+    assert argv[:3] == [sys.executable, "-m", "benchmarks.ddp_step"]
+    args = ddp_step.parse_args(argv[3:])
+    assert (args.env, args.raw, args.width, args.only, args.topk, args.compute) == (
+        True, raw, 0.25, ["r2"], [0.01], True)
+    argv = fsdp_traffic._rank_argv(fsdp_traffic.parse_args(["--widths", "0.5", "--ranks", "2"]),
+                                   raw)
+    assert argv[:3] == [sys.executable, "-m", "benchmarks.fsdp_traffic"]
+    args = fsdp_traffic.parse_args(argv[3:])
+    assert (args.env, args.raw, args.widths, args.ranks) == (True, raw, [0.5], [2])
+
+
+def test_interleave_times_every_configuration_once_per_round_after_the_warmup():
+    calls = []
+
+    def run(name):
+        calls.append(name)
+        return float(len(calls))
+
+    samples, _ = harness.interleave({"a": (run, "a"), "b": (run, "b")}, warmup=2, steps=3)
+    assert calls == ["a", "b"] * 5
+    assert samples == {"a": [5.0, 7.0, 9.0], "b": [6.0, 8.0, 10.0]}
+    row = harness.quantile_rows({"a": [0.001, 0.002, 0.003, 0.004, 0.005]})[0]
+    assert (row["median_ms"], row["p25_ms"], row["p75_ms"], row["n"]) == pytest.approx(
+        (3.0, 2.0, 4.0, 5))
+
+
+def _sum_of_ranks(args, rank: int):
+    import torch
+    import torch.distributed as dist
+
+    if args == "die" and rank == 1:
+        raise SystemExit(3)
+    total = torch.tensor([rank + 1.0])
+    dist.all_reduce(total)
+    return float(total), dist.get_world_size(), torch.get_num_threads()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_loopback_ranks_report_rank_zeros_record_and_a_dead_rank_stops_them():
+    assert harness.run_ranks(_sum_of_ranks, "sum", timeout=300) == (3.0, harness.WORLD, 1)
+    with pytest.raises(RuntimeError, match=r"ranks exited with \[3\]"):
+        harness.run_ranks(_sum_of_ranks, "die", timeout=300)
