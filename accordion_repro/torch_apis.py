@@ -9,6 +9,10 @@ tested with are pinned in constraints.txt, which `make install` and CI apply.
 Only APIs that are younger than torch 1.10 or that the code cannot do without are listed: the
 rest (tensors, nn layers, SGD, all_reduce) are far older than any bound worth declaring.
 Sources: the torch release notes and the pull requests named in each entry.
+
+An entry with a `feature` serves only that optional path (dist.strategy=fsdp, Accordion on a
+fully_shard model): it is checked like the rest but does not raise the declared bound;
+oldest_torch(feature) is that path's own oldest torch (docs/fsdp.md).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ class TorchAPI(NamedTuple):
     used_in: str    # a file under the repository that uses it
     marker: str     # text in that file that shows the use
     why: str
+    feature: str | None = None  # the optional path that alone needs it; None: every run does
 
 
 TORCH_APIS: tuple[TorchAPI, ...] = (
@@ -57,6 +62,17 @@ TORCH_APIS: tuple[TorchAPI, ...] = (
     TorchAPI("torch.compiler.disable", None, "2.1", "accordion_repro/ddp.py",
              "torch.compiler.disable", "torch.compile skips the level check instead of "
              "breaking the graph at its host read (issue 37 item 15)"),
+    TorchAPI("torch.distributed.fsdp.FSDPModule.set_custom_reduce_scatter", None, "2.9",
+             "accordion_repro/comm/fsdp.py", "set_custom_reduce_scatter(", "Accordion's "
+             "reducers as each FSDP2 unit's gradient reduce-scatter (pytorch#155189, merged "
+             "July 2025, after 2.8's branch cut)", "fsdp"),
+    TorchAPI("torch.distributed.fsdp.FSDPModule.set_custom_all_gather", None, "2.9",
+             "accordion_repro/comm/fsdp.py", "set_custom_all_gather(", "FSDP2's parameter "
+             "all-gathers as Communicator's, in segments on gloo (SegmentedAllGather; "
+             "pytorch#155189)", "fsdp"),
+    TorchAPI("torch.distributed.fsdp._fully_shard._fsdp_api.AllGather", None, "2.9",
+             "accordion_repro/comm/fsdp.py", "import AllGather, ReduceScatter", "the private "
+             "interfaces the two custom collectives implement (pytorch#155189)", "fsdp"),
 )
 
 # torchvision releases in step with torch: the one that goes with each torch minor release.
@@ -82,6 +98,7 @@ def version_tuple(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def oldest_torch() -> str:
-    """The newest 'added' of TORCH_APIS: the oldest torch that has all of them."""
-    return max((a.added for a in TORCH_APIS), key=version_tuple)
+def oldest_torch(feature: str | None = None) -> str:
+    """The newest 'added' of the TORCH_APIS every run needs (and, with `feature`, of that
+    optional path's): the oldest torch that has all of them."""
+    return max((a.added for a in TORCH_APIS if a.feature in (None, feature)), key=version_tuple)

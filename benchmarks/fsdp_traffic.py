@@ -103,17 +103,18 @@ def _tx_bytes(device: str | None) -> int:
 
 
 def _counting_all_gather():
-    """FSDP's default all-gather (the parameters, before a unit's forward and, resharded after
-    it, again before its backward), counting its calls, the bytes of its input and the seconds
-    until it completes. It is waited for at once (FSDP's later wait finds it done), which costs
-    no overlap here: ResNet-18 is sharded into 3 units (stem, body, classifier) and the body's
-    all-gather, nearly all the bytes, is needed at once in the forward and prefetched in the
-    backward only behind the classifier's (tiny) backward."""
+    """The all-gather shard_model gives FSDP (comm/fsdp.py SegmentedAllGather: the parameters,
+    before a unit's forward and, resharded after it, again before its backward), counting its
+    calls, the bytes of its input and the seconds until it completes. It is waited for at once
+    (FSDP's later wait finds it done), which costs no overlap here: ResNet-18 is sharded into
+    3 units (stem, body, classifier) and the body's all-gather, nearly all the bytes, is needed
+    at once in the forward and prefetched in the backward only behind the classifier's (tiny)
+    backward."""
     import time
 
-    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather
+    from accordion_repro.comm.fsdp import SegmentedAllGather
 
-    class Counting(DefaultAllGather):
+    class Counting(SegmentedAllGather):
         sent = calls = 0
         seconds = 0.0
         largest: list[float] = []  # seconds of each call of the largest size seen
@@ -269,7 +270,7 @@ def gloo_link_ms(wire_bytes: float, allgather_bytes: float, allgathers: int,
 
 
 def _largest(largest: list, bandwidth_bps: float) -> dict:
-    """The largest all-gather (one rank's input bytes, a single gloo message) and the median
+    """The largest all-gather (one rank's input bytes, one unit's) and the median
     fraction of line rate its calls reached."""
     nbytes, seconds = largest
     return {"largest_allgather_bytes": nbytes, "largest_allgather_rate": round(

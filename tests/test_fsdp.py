@@ -236,6 +236,97 @@ def test_ranks_with_different_levels_stop_with_one_line(results):
         assert "\n" not in message
 
 
+# ---- FSDP2's parameter all-gathers in segments (comm/fsdp.py SegmentedAllGather) ---------------
+SEGMENT = 7  # elements: every SmallNet unit's all-gather travels in many pieces, one ragged
+
+
+def _plain_fsdp(segmented: bool):
+    """Plain FSDP, 2 epochs x 3 steps; `segmented`: every unit's all-gather a SegmentedAllGather
+    in SEGMENT-element pieces. The parameters and the installed all-gather (or None)."""
+    from accordion_repro.comm.fsdp import segment_all_gathers
+
+    rank = torch.distributed.get_rank()
+    torch.manual_seed(0)
+    model = _shard(SmallNet())
+    comm = None
+    if segmented:
+        comm = segment_all_gathers(model)
+        comm.segment = SEGMENT
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for x, y in _batches(rank, 6):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    return _full(model), comm
+
+
+def _all_gather_worker(rank):
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather
+
+    from accordion_repro.comm.fsdp import SegmentedAllGather, fsdp_units
+    from accordion_repro.ddp import Accordion
+    from accordion_repro.engine.sharding import shard_model
+
+    def installed(model):  # each unit's all-gather (a unit holding no parameter has none)
+        return [type(group._all_gather_comm).__name__ for unit in fsdp_units(model)
+                for group in unit._get_fsdp_state()._fsdp_param_groups]
+
+    out = {"default": _plain_fsdp(False)[0]}
+    out["segmented"], comm = _plain_fsdp(True)
+    out["segmented_stats"] = (comm.stats.allgathers, comm.stats.allgather_bytes)
+    torch.manual_seed(0)
+    out["trainer_units"] = installed(shard_model(SmallNet(), torch.device("cpu")))
+    own = _shard(SmallNet())
+    Accordion(own, "powersgd", low=2, high=1)
+    out["own_code_units"] = installed(own)
+    # the collective itself, as FSDP calls it: input = this rank's slice of the output buffer
+    group, n = torch.distributed.group.WORLD, 100
+    local = torch.arange(n, dtype=torch.float32) + 1000 * rank
+    for name, comm, async_op in (("plain", DefaultAllGather(), False),
+                                 ("segmented_sync", SegmentedAllGather(SEGMENT), False),
+                                 ("segmented_async", SegmentedAllGather(SEGMENT), True)):
+        output = comm.allocate((2 * n,), dtype=torch.float32, device=torch.device("cpu"))
+        output[rank * n:(rank + 1) * n].copy_(local)
+        work = comm(output, output[rank * n:(rank + 1) * n], group, async_op=async_op)
+        if work is not None:
+            assert isinstance(work, torch.distributed.distributed_c10d.Work)
+            work.wait()
+        out[name] = output
+    return out
+
+
+@pytest.fixture(scope="module")
+def all_gather_results(tmp_path_factory):
+    return run_workers(_all_gather_worker, tmp_path_factory.mktemp("fsdp_all_gather"))
+
+
+@pytest.mark.slow
+@distributed
+def test_segmented_all_gather_leaves_plain_fsdp_bit_for_bit(all_gather_results):
+    model = SmallNet()
+    # per step each unit gathers its shards before its forward and again before its backward,
+    # except the root (the norm), which FSDP keeps unsharded between the two
+    shard = {name: sum(4 * -(-p.shape[0] // 2) * p[0].numel() for p in module.parameters())
+             for name, module in (("conv", model.conv), ("fc1", model.fc1), ("fc2", model.fc2),
+                                  ("root", model.norm))}
+    calls, nbytes = 6 * 7, 6 * (2 * (shard["conv"] + shard["fc1"] + shard["fc2"]) + shard["root"])
+    for out in all_gather_results:
+        assert _same(out["default"], out["segmented"])
+        assert out["segmented_stats"] == (calls, nbytes)
+
+
+@pytest.mark.slow
+@distributed
+def test_trainer_and_own_code_install_the_segmented_all_gather_equal_to_plain(all_gather_results):
+    expected = torch.cat([torch.arange(100.0), torch.arange(100.0) + 1000])
+    for out in all_gather_results:
+        assert out["trainer_units"] == ["SegmentedAllGather"] * 4  # conv, norm, fc1, fc2
+        assert out["own_code_units"] == ["SegmentedAllGather"] * 4
+        assert torch.equal(out["plain"], expected)
+        assert torch.equal(out["segmented_sync"], expected)
+        assert torch.equal(out["segmented_async"], expected)
+
+
 # ---- one process: set-ups refused before training -----------------------------------------------
 def _hybrid(model):
     from torch.distributed.device_mesh import init_device_mesh

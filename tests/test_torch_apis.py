@@ -60,6 +60,14 @@ def test_each_listed_api_exists_here_and_is_used_where_the_list_says(entry):
         f"{entry.used_in} no longer shows {entry.marker!r}: update accordion_repro/torch_apis.py")
 
 
+def test_an_optional_path_states_its_own_oldest_torch_in_its_doc():
+    features = {a.feature for a in TORCH_APIS} - {None}
+    assert features == {"fsdp"}
+    newer = oldest_torch("fsdp")
+    assert version_tuple(newer) > version_tuple(oldest_torch())
+    assert f"torch >= {newer}" in (REPO / "docs" / "fsdp.md").read_text()
+
+
 def test_torchvision_apis_exist():
     for dotted in TORCHVISION_APIS:
         _resolve(dotted)

@@ -109,9 +109,13 @@ class Communicator:
             handle.wait()
         return gathered
 
-    def all_gather_async(self, local: torch.Tensor, stats: CommStats):
+    def all_gather_async(self, local: torch.Tensor, stats: CommStats,
+                         out: torch.Tensor | None = None):
         """all_gather started asynchronously: (the (world_size, n) output, valid once every
         work handle is waited on, and the list of those handles, empty when nothing was sent).
+
+        `out`: a flat tensor of world_size * n elements to gather into, rank-major (FSDP2's
+        own buffer, of which `local` may be this rank's slice); a new one when None.
 
         Counted as one collective however many pieces it travels in. CPU tensors (gloo) travel
         in segments of at most `gloo_segment` elements: gloo sends one all-gather as one
@@ -119,24 +123,28 @@ class Communicator:
         for 8 MB per rank, against 94% and 96% in 256 KiB segments, its all-reduce's rate
         (docs/performance.md). NCCL (CUDA tensors) pipelines internally and gets one call.
         """
-        if not self.distributed or local.numel() == 0:
-            return local.unsqueeze(0).expand(self.world_size, local.numel()), []
         n = local.numel()
+        if not self.distributed or n == 0:
+            if out is None:
+                return local.unsqueeze(0).expand(self.world_size, n), []
+            rows = out.view(self.world_size, n)
+            rows.copy_(local.expand(self.world_size, n))
+            return rows, []
         stats.collectives += 1
         stats.allgathers += 1
         stats.bytes_sent += n * local.element_size()
         stats.allgather_bytes += n * local.element_size()
-        if local.device.type != "cpu" or n <= self.gloo_segment:  # CPU tensors go by gloo
+        if out is None:
             out = torch.empty(self.world_size * n, dtype=local.dtype, device=local.device)
-            return (out.view(self.world_size, n),
-                    [_all_gather_flat(out, local, group=self.group, async_op=True)])
-        out = torch.empty(self.world_size, n, dtype=local.dtype, device=local.device)
+        rows = out.view(self.world_size, n)
+        if local.device.type != "cpu" or n <= self.gloo_segment:  # CPU tensors go by gloo
+            return rows, [_all_gather_flat(out, local, group=self.group, async_op=True)]
         handles = []
         for start in range(0, n, self.gloo_segment):
             end = min(start + self.gloo_segment, n)
-            handles.append(dist.all_gather(list(out[:, start:end].unbind(0)), local[start:end],
+            handles.append(dist.all_gather(list(rows[:, start:end].unbind(0)), local[start:end],
                                            group=self.group, async_op=True))
-        return out, handles
+        return rows, handles
 
     def max_and_min(self, value: int) -> tuple[int, int]:
         """The largest and smallest `value` over workers, in one tiny blocking all-reduce of a

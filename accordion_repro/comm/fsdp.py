@@ -19,6 +19,11 @@ needs the whole local gradient, which is the part of FSDP's gradient-memory savi
 
 One reducer covers all trainable parameters of the model, as under DDP, so per-layer state (error
 memory, warm-start Q, level) does not depend on how the model is split into units.
+
+FSDP2's parameter all-gathers are not compressed, but they travel as Communicator's all-gathers
+do (SegmentedAllGather, through `FSDPModule.set_custom_all_gather`): gloo sends one all-gather
+as one message, at about 0.6 of a shaped link's rate, where 256 KiB segments reach its
+all-reduce's 0.9 (results/bench/fsdp_traffic.csv). The gathered bytes are the same.
 """
 
 from __future__ import annotations
@@ -29,13 +34,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
+from .collectives import GLOO_ALLGATHER_SEGMENT, Communicator
 from .ddp_hook import ReducerState, check_agreement
 from .stats import CommStats
 
-try:  # the interface the custom collective implements (torch >= 2.7; private module)
-    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
-except ImportError:  # pragma: no cover - an older torch has no custom reduce-scatter at all
-    ReduceScatter = object
+try:  # the interfaces the custom collectives implement (torch >= 2.9; private module)
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+except ImportError:  # pragma: no cover - an older torch has no custom collectives at all
+    AllGather = ReduceScatter = object
 
 
 class FSDPSetupError(ValueError):
@@ -88,9 +94,68 @@ class AccordionReduceScatter(ReduceScatter):
         return None  # done: FSDP uses output_tensor right after this call returns
 
 
+class _AllDone(dist.Work):
+    """One work handle for the pieces of a segmented all-gather: FSDP waits on one."""
+
+    def __init__(self, handles: list):
+        super().__init__()
+        self.handles = handles
+
+    def wait(self, timeout=None) -> bool:
+        for handle in self.handles:
+            handle.wait()
+        return True
+
+
+class SegmentedAllGather(AllGather):
+    """FSDP2's parameter all-gather as Communicator.all_gather_async (the one implementation):
+    on gloo in segments of `segment` elements, on NCCL one call. Into FSDP's own output
+    buffer, in its rank-major layout, so the gathered parameters are the same bit for bit.
+
+    `stats` counts FSDP's all-gathers (calls, input bytes); they are not Accordion's traffic
+    and are not in `Accordion.pop_stats()`.
+    """
+
+    def __init__(self, segment: int = GLOO_ALLGATHER_SEGMENT):
+        self.segment = segment
+        self.stats = CommStats()
+        self._comms: dict = {}  # process group -> its Communicator
+
+    def allocate(self, size, *, dtype, device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
+        comm = self._comms.get(group)
+        if comm is None:
+            comm = self._comms[group] = Communicator(group)
+            comm.gloo_segment = self.segment
+        _, handles = comm.all_gather_async(input_tensor, self.stats, out=output_tensor)
+        if async_op:
+            return _AllDone(handles)
+        for handle in handles:
+            handle.wait()
+        return None
+
+
 def fsdp_units(model: torch.nn.Module) -> list[FSDPModule]:
     """The modules of `model` (itself included) that fully_shard made units."""
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def segment_all_gathers(model: torch.nn.Module) -> SegmentedAllGather:
+    """Give every FSDP unit of `model` that still has FSDP's default all-gather one shared
+    SegmentedAllGather (a unit with its own custom all-gather keeps it); the one installed.
+
+    Called by the trainer's shard_model and by Accordion(fsdp_model), so that a model sharded
+    either way gathers its parameters as Communicator does."""
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather
+
+    comm = SegmentedAllGather()
+    for unit in fsdp_units(model):
+        groups = unit._get_fsdp_state()._fsdp_param_groups
+        if len(groups) == 1 and type(groups[0]._all_gather_comm) is DefaultAllGather:
+            unit.set_custom_all_gather(comm)
+    return comm
 
 
 def is_fsdp_model(model: torch.nn.Module) -> bool:
@@ -180,6 +245,7 @@ class FSDPReducerState(ReducerState):
                                      fsdp_params, self.world_size)
                 self.layouts.append(layout)
                 unit.set_custom_reduce_scatter(AccordionReduceScatter(self, layout))
+        segment_all_gathers(model)  # own code's fully_shard: gather as the trainer's model does
         if clip_local and len(self.layouts) != 1:
             raise FSDPSetupError("clipping each rank's local gradient needs the whole model in "
                                  f"one FSDP unit (fully_shard the root only), not "

@@ -16,7 +16,8 @@ import torch.distributed as dist
 def shard_model(model: torch.nn.Module, device: torch.device, *,
                 one_unit: bool = False) -> torch.nn.Module:
     """fully_shard each direct child that holds parameters of its own, then the root
-    (`one_unit`: the root only, so one reduce-scatter sees the whole gradient).
+    (`one_unit`: the root only, so one reduce-scatter sees the whole gradient); every unit's
+    parameter all-gather is comm/fsdp.py's SegmentedAllGather (on gloo, in segments).
 
     A child that shares a parameter with another module (the LSTM's tied encoder and decoder)
     stays in the root unit: FSDP2 shards each parameter in one unit only.
@@ -24,13 +25,17 @@ def shard_model(model: torch.nn.Module, device: torch.device, *,
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    from ..comm.fsdp import segment_all_gathers
+
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
     for child in () if one_unit else model.children():
         params = list(child.parameters())
         if params and all(uses[id(p)] == 1 for p in params):
             fully_shard(child, mesh=mesh)
-    return fully_shard(model, mesh=mesh)
+    root = fully_shard(model, mesh=mesh)
+    segment_all_gathers(root)
+    return root
 
 
 def _options(**kwargs):
