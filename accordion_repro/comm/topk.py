@@ -78,6 +78,14 @@ def topk_indices(values: torch.Tensor, k: int, scratch: torch.Tensor | None = No
     return torch.topk(magnitudes, k, sorted=False).indices
 
 
+def kept_entries(shape: tuple[int, int], ratio: float, official_topk: bool = False) -> int:
+    """k of the module docstring for an (n, m) layer: what each worker sends at `ratio` (also
+    what schedule=auto prices a Top-K candidate at, accordion/candidates.py)."""
+    n, m = shape
+    k = int(ratio * n * m)
+    return k if official_topk else max(1, k)
+
+
 def add_in_rank_order(flat: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> None:
     """flat[indices[r, j]] += values[r, j], rank 0's row first, then rank 1's, and so on.
 
@@ -110,9 +118,7 @@ class TopKReducer(Reducer):
 
     def kept(self, layer: int, ratio: float) -> int:
         """Entries each worker sends for `layer`: k of the module docstring."""
-        n, m = self.matrix_shapes[layer]
-        k = int(ratio * n * m)
-        return k if self.official_topk else max(1, k)
+        return kept_entries(self.matrix_shapes[layer], ratio, self.official_topk)
 
     def _sends_dense(self, layer: int, level: float) -> bool:
         n, m = self.matrix_shapes[layer]
