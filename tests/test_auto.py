@@ -534,3 +534,74 @@ def test_an_lr_decay_starts_the_noise_measurement_afresh():
     assert len(schedule.history) == 3 and len(whole.history) == 5  # interval + 2 at most
     # the check at epoch 6 measured epochs 4 to 6 only: epoch 3's norms belong to the old LR
     assert schedule.noise == noise_level(schedule.history) != whole.noise
+
+
+# ---- 2-rank runs through the trainer (acceptance 5 and 6, Top-K) ---------------------------
+TRAINER = ["model=resnet18", "model.width=0.125", "dataset=synthetic_cifar10",
+           "dataset.train_size=128", "dataset.test_size=32", "trainer.batch_size=16",
+           "trainer.max_eval_steps=1", "dist.nproc_per_node=2", "trainer.epochs=3",
+           "trainer.max_steps_per_epoch=3", "optim.warmup_epochs=0"]
+TIMING = {"epoch_time_s", "compute_time_s", "comm_time_s"}
+
+
+def _dense_and_fixed_floats():
+    """(sum of n m over the compressible layers, floats of the tensors never compressed) of the
+    model TRAINER trains."""
+    from accordion_repro.models.factory import build_model
+
+    params = list(build_model("resnet18", num_classes=10, width=0.125).parameters())
+    dense = sum(p.numel() for p in params if p.dim() >= 2)
+    return dense, sum(p.numel() for p in params if p.dim() < 2)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_pinned_to_2_1_and_eta_half_auto_equals_accordion_on_two_ranks(tmp_path):
+    """Acceptance 5 on 2 gloo ranks: schedule=auto with low=2, high=1 and eta 0.5 fixed logs
+    the very metrics of schedule=accordion 2<->1 (losses, accuracies, floats, levels, the
+    detector's norms and ratios), every number to the last digit; auto only adds its error
+    table and its own eta to the log."""
+    from conftest import read_metrics, train
+
+    common = [*(o for o in TRAINER if not o.startswith("trainer.epochs")), "trainer.epochs=4",
+              "compressor=powersgd", "schedule.interval=1", "schedule.low=2", "schedule.high=1",
+              "schedule.eta=0.5", "optim.decay_at=[3]"]
+    auto = read_metrics(train([*common, "schedule=auto"], tmp_path / "auto"))
+    accordion = read_metrics(train([*common, "schedule=accordion"], tmp_path / "accordion"))
+    for a, b in zip(auto, accordion, strict=True):
+        a_detector = {k: v for k, v in a.pop("detector").items() if k not in ("ranks", "errors")}
+        assert a_detector == b.pop("detector")
+        assert {k: v for k, v in a.items() if k not in TIMING} == \
+            {k: v for k, v in b.items() if k not in TIMING}
+    # the detector did move layers to 1, and the LR decay brought them all back to 2
+    assert any("1" in r["levels"] for r in auto) and auto[-1]["levels"] == {"2": 21}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("compressor, budget", [("powersgd", 0.2), ("topk", 0.05)])
+def test_a_two_rank_run_stays_within_its_traffic_budget(tmp_path, compressor, budget):
+    """Acceptance 6 (the budget) and Top-K on 2 gloo ranks: with low_share 0 every layer runs at
+    its budgeted `high` from the second check on, and a step then sends at most budget x the
+    compressible layers' dense floats plus the never-compressed tensors, within 5 %. The levels
+    agree across the ranks (the trainer checks them before every forward), and Top-K's are
+    fractions of its grid below the break-even 1/4."""
+    from conftest import read_metrics, train
+
+    level = ["compressor.ratio=0.01"] if compressor == "topk" else []
+    run = train([*TRAINER, f"compressor={compressor}", *level, "schedule=auto",
+                 "schedule.interval=1", "schedule.low_share=0.0", f"schedule.budget={budget}",
+                 "schedule.max_rank=8", "optim.decay_at=[]"], tmp_path / "run")
+    metrics = read_metrics(run)
+    dense, fixed = _dense_and_fixed_floats()
+    # epoch 0: before any table; epoch 1: all critical after the first check; epoch 2: the
+    # flags decided at the end of epoch 1 (its line's critical_layers), none critical
+    at_high = metrics[2]
+    assert metrics[1]["critical_layers"] == 0
+    assert at_high["floats_sent"] <= (budget * dense + fixed) * at_high["steps"] * 1.05
+    assert metrics[0]["floats_sent"] > at_high["floats_sent"]
+    if compressor == "powersgd":
+        assert at_high["bytes_sent"] == 4 * at_high["floats_sent"]
+    else:
+        levels = {float(level) for r in metrics for level in r["levels"]}
+        assert levels and all(f < 0.25 and math.log2(f) == round(math.log2(f)) for f in levels)
