@@ -6,18 +6,22 @@ both come from what rank 0 already measures:
 
 - *Endpoints per layer, from error targets.* At every check rank 0 takes the epoch's summed
   local gradient of each layer (the detector's own sums, as L-GreCo does), and for each
-  candidate PowerSGD rank r (1, 2, 4, ... up to `max_rank`) its relative error
-  e(r) = ||G - G_r|| / ||G||, G_r the best rank-r approximation: exact singular values
-  (`torch.linalg.svdvals` in float64; at CIFAR sizes one SVD per layer and check costs
-  milliseconds beside an epoch, and warm-started power iterations would only bound e(r)).
-  `low` is the cheapest candidate with e <= `error_low`, `high` the cheapest with
-  e <= `error_high` (looser, so never more than `low`). Either may be pinned to a rank. With
-  `budget` (a share of the dense gradient's floats per step) the high plan is instead the one of
-  least summed error whose floats fit the budget, by L-GreCo's knapsack (lgreco.py).
+  candidate level (candidates.py: PowerSGD ranks 1, 2, 4, ... `max_rank`; Top-K fractions on a
+  log grid below the break-even 1 / (2 x world size)) its relative error e: for a rank
+  ||G - G_r|| / ||G|| from the exact singular values, for a fraction sqrt(1 - top-k energy
+  share). `low` is the cheapest candidate with e <= `error_low`, `high` the cheapest with
+  e <= `error_high` (looser, so never more than `low`). Either may be pinned to a level.
+- *Or `high` from a budget.* With `budget` (a share of the dense gradient's floats per step),
+  or `step_time` on a link (`link_bps`, `latency_s`, `compute_time`: the step priced by
+  analysis/costmodel.py's alpha-beta model, StepExchange), the high plan is the one of least
+  summed error within it, by L-GreCo's knapsack (lgreco.least_total_within) on a grid of
+  budget / bins, then filled exactly (fill_up): no layer could step up within the budget.
 - *eta from a traffic share.* With `low_share` = f, eta becomes the (1 - f) quantile of this
-  check's per-layer norm ratios |prev - cur| / prev, floored at `eta_floor`: about f of the
-  layers run at `low` after each check. f = 1 is static `low`, f = 0 static `high` (the floor
-  aside, which only ever raises eta). Without `low_share`, `eta` is the detector's, fixed.
+  check's per-layer norm ratios |prev - cur| / prev, floored at `eta_floor` and at `noise_z`
+  times the measured noise of the ratio (noise_level: from the epoch-to-epoch norms of the
+  current LR phase, with a linear trend cancelled): about f of the layers run at `low` after
+  each check, but none whose change is within noise. f = 1 is static `low`, f = 0 static
+  `high` (the floors only ever raise eta). Without `low_share`, `eta` is the detector's, fixed.
 - Accordion's other rules stay: everything is critical at the first check and, with
   `lr_decay_rule`, after each LR decay; a decision holds until the next check.
 
