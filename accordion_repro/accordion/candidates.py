@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 
 from ..analysis.costmodel import ALLGATHER, ALLREDUCE, StepExchange
-from ..comm.topk import kept_entries
+from ..comm.config import kept_entries
 from .lgreco import layer_cost, rank_errors
 
 # Collectives per step of the trainer's whole-model reduction (comm/base.py reduce_steps): the
@@ -60,7 +60,7 @@ def fraction_grid(world_size: int, min_fraction: float) -> list[float]:
 
 def topk_errors(matrix: torch.Tensor, fractions: Sequence[float]) -> list[float]:
     """e(f) = sqrt(1 - top-k energy share) for each kept fraction f (k as the reducer keeps,
-    comm/topk.py kept_entries), in float64; 0 for an all-zero matrix or a k of every entry."""
+    comm/config.py kept_entries), in float64; 0 for an all-zero matrix or a k of every entry."""
     shape = tuple(matrix.shape)
     squares = matrix.detach().to(torch.float64).reshape(-1).square()
     total = float(squares.sum())

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from .base import Reducer
+from .config import kept_entries
 from .stats import CommStats
 
 
@@ -76,14 +77,6 @@ def topk_indices(values: torch.Tensor, k: int, scratch: torch.Tensor | None = No
                 keep[candidates[dropped]] = False
                 return torch.nonzero(keep).view(-1)
     return torch.topk(magnitudes, k, sorted=False).indices
-
-
-def kept_entries(shape: tuple[int, int], ratio: float, official_topk: bool = False) -> int:
-    """k of the module docstring for an (n, m) layer: what each worker sends at `ratio` (also
-    what schedule=auto prices a Top-K candidate at, accordion/candidates.py)."""
-    n, m = shape
-    k = int(ratio * n * m)
-    return k if official_topk else max(1, k)
 
 
 def add_in_rank_order(flat: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> None:
