@@ -108,6 +108,7 @@ class AdaptiveCompression:
                             "model wrapped with fully_shard (it hooks their gradient "
                             f"communication), got {type(ddp_model).__name__}")
         _check_compressor(compressor, who)
+        self._compressor = compressor
         option = level_option(compressor)
         passed = _compressor_options(compressor, option)
         own = _schedule_arguments(self.SCHEDULE)
@@ -484,20 +485,27 @@ def _warn_above_break_even(levels: dict[str, float], world_size: int) -> None:
 
 class AutoAccordion(AdaptiveCompression):
     """Accordion with its levels and eta chosen from the gradients (schedule=auto): per layer,
-    `low` and `high` are the cheapest PowerSGD ranks (1, 2, 4, ... max_rank) whose relative error
-    on the epoch's gradient is within error_low and error_high; with low_share, eta is the
-    (1 - low_share) quantile of the layers' norm ratios at each check (docs/schedules.md).
-    Keywords: error_low, error_high, max_rank, low and high (to pin one), low_share, eta_floor,
-    and the detector's eta, interval, lr_decay_rule, statistic."""
+    `low` and `high` are the cheapest candidates (PowerSGD ranks 1, 2, 4, ... max_rank; Top-K
+    fractions below 1 / (2 x world size) down to min_fraction) whose relative error on the
+    epoch's gradient is within error_low and error_high, or `high` from a traffic (budget) or
+    step-time budget (step_time, link_bps, latency_s, compute_time); with low_share, eta is the
+    (1 - low_share) quantile of the layers' norm ratios at each check, floored at eta_floor and
+    noise_z x the measured noise of the ratio (docs/schedules.md). Keywords: those, low and high
+    (to pin one), bins, and the detector's eta, interval, lr_decay_rule, statistic."""
 
     SCHEDULE = "auto"
     LEVEL_FROM = "low"
 
     def _start_level(self, schedule_options: dict):
-        """A pinned `low`, else the largest candidate (no error is known before a check)."""
+        """A pinned `low`, else the smallest Top-K candidate or the largest PowerSGD one; only
+        a start: the schedule's initial plan (its own largest candidate) replaces it at once."""
         from accordion_repro.accordion.auto import AutoSettings
 
-        return schedule_options.get("low") or schedule_options.get("max_rank", AutoSettings.max_rank)
+        if schedule_options.get("low") is not None:
+            return schedule_options["low"]
+        if self._compressor == "topk":
+            return schedule_options.get("min_fraction", AutoSettings.min_fraction)
+        return schedule_options.get("max_rank", AutoSettings.max_rank)
 
 
 __all__ = ["AdaptiveCompression", "Accordion", "LGreCo", "LGreCoAccordion", "PhaseRule",

@@ -68,3 +68,20 @@ def test_bad_inputs_name_the_problem():
         predict_epoch_time(0.1, 1, 1.0, 1, "broadcast", "1gbit", 2)
     with pytest.raises(ValueError, match="bandwidth"):
         Network(0.0, 1e-6)
+
+
+def test_a_step_exchange_adds_up_to_the_whole_steps_time():
+    """StepExchange splits step_comm_time into a fixed latency and per-layer bandwidth times
+    (schedule=auto prices each layer's candidates with it): the parts add up to the whole."""
+    from accordion_repro.analysis.costmodel import StepExchange, step_comm_time
+
+    link = Network(bandwidth_bps=1e9, latency_s=2e-4)
+    exchange = StepExchange(link, workers=4, collectives=2, allgathers=1)
+    gathered, reduced = [1200, 800], [5000, 300]  # floats, Top-K's counted over the 4 workers
+    parts = exchange.fixed_seconds() + sum(exchange.layer_seconds(f, ALLGATHER) for f in gathered) \
+        + sum(exchange.layer_seconds(f, ALLREDUCE) for f in reduced)
+    allgather_bytes = 4 * sum(gathered) / 4
+    whole = step_comm_time(allgather_bytes + 4 * sum(reduced), 2, allgather_bytes, 1, link, 4)
+    assert parts == pytest.approx(whole, rel=1e-12)
+    with pytest.raises(ValueError, match="op"):
+        exchange.layer_seconds(1, "broadcast")

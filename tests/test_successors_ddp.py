@@ -60,12 +60,27 @@ def test_successor_objects_plan_levels_and_resume_exactly(one_rank_group, name, 
     else:
         assert set(r for lv in levels for r in lv) <= {1, 2, 3, 4}
         assert "errors" in obj.report and len(obj.report["errors"]) == 3
-    # stop after epoch 0, resume in a new object: epochs 1, 2 bit for bit as if never stopped
+    _check_resumes_exactly(obj_name, options, compressor)
+
+
+def _check_resumes_exactly(obj_name, options, compressor):
+    """Stop after epoch 0, resume in a new object: epochs 1, 2 bit for bit as if never stopped."""
     _, first, saved = _train(obj_name, options, compressor, range(1), seed=1)
     _, straight, end = _train(obj_name, options, compressor, range(3), seed=1)
     _, rest, resumed = _train(obj_name, options, compressor, range(1, 3), state=saved, seed=1)
     assert first + rest == straight
     assert all(torch.equal(end["model"][k], resumed["model"][k]) for k in end["model"])
+
+
+def test_auto_accordion_chooses_topk_fractions_and_resumes_exactly(one_rank_group):
+    """AutoAccordion with compressor="topk" (issue 42): its levels are kept fractions of the
+    grid below the break-even 1 / (2 x world size), here 1/2 on one rank."""
+    options = dict(interval=1, low_share=0.5, min_fraction=0.01)
+    obj, levels, _ = _train("AutoAccordion", options, "topk", range(3))
+    assert obj.schedule.ranks == [2**-6, 2**-5, 2**-4, 2**-3, 2**-2]
+    assert all(level in obj.schedule.ranks for lv in levels for level in lv)
+    assert len(obj.report["errors"]) == 3
+    _check_resumes_exactly("AutoAccordion", options, "topk")
 
 
 def test_successor_objects_name_their_own_arguments(one_rank_group):

@@ -6,18 +6,22 @@ both come from what rank 0 already measures:
 
 - *Endpoints per layer, from error targets.* At every check rank 0 takes the epoch's summed
   local gradient of each layer (the detector's own sums, as L-GreCo does), and for each
-  candidate PowerSGD rank r (1, 2, 4, ... up to `max_rank`) its relative error
-  e(r) = ||G - G_r|| / ||G||, G_r the best rank-r approximation: exact singular values
-  (`torch.linalg.svdvals` in float64; at CIFAR sizes one SVD per layer and check costs
-  milliseconds beside an epoch, and warm-started power iterations would only bound e(r)).
-  `low` is the cheapest candidate with e <= `error_low`, `high` the cheapest with
-  e <= `error_high` (looser, so never more than `low`). Either may be pinned to a rank. With
-  `budget` (a share of the dense gradient's floats per step) the high plan is instead the one of
-  least summed error whose floats fit the budget, by L-GreCo's knapsack (lgreco.py).
+  candidate level (candidates.py: PowerSGD ranks 1, 2, 4, ... `max_rank`; Top-K fractions on a
+  log grid below the break-even 1 / (2 x world size)) its relative error e: for a rank
+  ||G - G_r|| / ||G|| from the exact singular values, for a fraction sqrt(1 - top-k energy
+  share). `low` is the cheapest candidate with e <= `error_low`, `high` the cheapest with
+  e <= `error_high` (looser, so never more than `low`). Either may be pinned to a level.
+- *Or `high` from a budget.* With `budget` (a share of the dense gradient's floats per step),
+  or `step_time` on a link (`link_bps`, `latency_s`, `compute_time`: the step priced by
+  analysis/costmodel.py's alpha-beta model, StepExchange), the high plan is the one of least
+  summed error within it, by L-GreCo's knapsack (lgreco.least_total_within) on a grid of
+  budget / bins, then filled exactly (fill_up): no layer could step up within the budget.
 - *eta from a traffic share.* With `low_share` = f, eta becomes the (1 - f) quantile of this
-  check's per-layer norm ratios |prev - cur| / prev, floored at `eta_floor`: about f of the
-  layers run at `low` after each check. f = 1 is static `low`, f = 0 static `high` (the floor
-  aside, which only ever raises eta). Without `low_share`, `eta` is the detector's, fixed.
+  check's per-layer norm ratios |prev - cur| / prev, floored at `eta_floor` and at `noise_z`
+  times the measured noise of the ratio (noise_level: from the epoch-to-epoch norms of the
+  current LR phase, with a linear trend cancelled): about f of the layers run at `low` after
+  each check, but none whose change is within noise. f = 1 is static `low`, f = 0 static
+  `high` (the floors only ever raise eta). Without `low_share`, `eta` is the detector's, fixed.
 - Accordion's other rules stay: everything is critical at the first check and, with
   `lr_decay_rule`, after each LR decay; a decision holds until the next check.
 
@@ -32,29 +36,14 @@ from dataclasses import dataclass
 
 import torch
 
+from ..analysis.costmodel import Network
 from ..errors import ConfigError
-from ..options import Options, option
+from ..options import Options, is_int, option
+from .candidates import candidates_for, step_exchange
 from .detector import CriticalRegimeDetector, DetectorSettings
-from .lgreco import ErrorProbe, layer_cost, least_total_within, rank_errors
-from .schedules import Plan, ScheduleOptions, _detector
-from .successors import _rank, _ShapedSchedule
-
-
-def power_of_two_ranks(max_rank: int) -> list[int]:
-    """The candidates 1, 2, 4, ... up to max_rank (max_rank itself included)."""
-    ranks, rank = [], 1
-    while rank < max_rank:
-        ranks.append(rank)
-        rank *= 2
-    return [*ranks, max_rank]
-
-
-def relative_errors(matrix: torch.Tensor, ranks: Sequence[int]) -> list[float]:
-    """e(r) = ||M - M_r||_F / ||M||_F for each r (0 for an all-zero M: nothing to lose)."""
-    total = rank_errors(matrix, [0])[0]  # ||M - M_0|| = ||M||
-    if total == 0.0:
-        return [0.0] * len(ranks)
-    return [error / total for error in rank_errors(matrix, ranks)]
+from .lgreco import ErrorProbe, least_total_within
+from .schedules import Plan, ScheduleContext, ScheduleOptions, _detector, _level, _level_pair
+from .successors import _ShapedSchedule
 
 
 def cheapest_within(errors: Sequence[float], costs: Sequence[int], target: float) -> int:
@@ -66,17 +55,46 @@ def cheapest_within(errors: Sequence[float], costs: Sequence[int], target: float
     return min(fitting, key=lambda i: (costs[i], errors[i]))
 
 
-def least_error_within(errors: Sequence[Sequence[float]], costs: Sequence[Sequence[int]],
+def least_error_within(errors: Sequence[Sequence[float]], costs: Sequence[Sequence[float]],
                        budget: float, bins: int) -> list[int]:
     """Per layer, the candidate index of least summed error with summed cost <= budget: L-GreCo's
     knapsack (lgreco.least_total_within) with the roles of error and size swapped. Costs are
-    rounded *up* to multiples of budget / bins, so a plan found never exceeds the budget (one
-    that fits by less than layers x budget / bins may be missed); when nothing fits, the
-    cheapest candidates."""
+    rounded *up* to multiples of budget / bins, so a plan found never exceeds the budget; what
+    the grid leaves unspent is then filled (fill_up), so no layer could step up within it.
+    When nothing fits, the cheapest candidates."""
+    cheapest = [min(range(len(c)), key=c.__getitem__) for c in costs]
+    if not budget > 0:
+        return cheapest
     step = budget / bins
     units = [[math.ceil(cost / step - 1e-9) for cost in layer] for layer in costs]
     chosen = least_total_within(units, errors, bins)
-    return chosen if chosen is not None else [min(range(len(c)), key=c.__getitem__) for c in costs]
+    return cheapest if chosen is None else fill_up(chosen, errors, costs, budget)
+
+
+def fill_up(chosen: Sequence[int], errors: Sequence[Sequence[float]],
+            costs: Sequence[Sequence[float]], budget: float) -> list[int]:
+    """Raise layers one candidate at a time while the exact summed cost stays within the budget,
+    the largest error drop first (then the smaller extra cost, then the earlier layer); a step
+    that lowers no error is never taken. Afterwards every step up that would lower a layer's
+    error exceeds the budget: the property the step-time budget promises."""
+    chosen = list(chosen)
+
+    def spent_with(layer: int, index: int) -> float:
+        return sum(costs[j][index if j == layer else i] for j, i in enumerate(chosen))
+
+    while True:
+        best = None
+        for layer, i in enumerate(chosen):
+            if i + 1 >= len(costs[layer]) or not errors[layer][i + 1] < errors[layer][i] \
+                    or spent_with(layer, i + 1) > budget:
+                continue
+            key = (errors[layer][i] - errors[layer][i + 1],
+                   costs[layer][i] - costs[layer][i + 1], -layer)
+            if best is None or key > best[0]:
+                best = (key, layer)
+        if best is None:
+            return chosen
+        chosen[best[1]] += 1
 
 
 def eta_for_share(ratios: Sequence[float | None], share: float, floor: float = 0.0) -> float:
@@ -93,30 +111,81 @@ def eta_for_share(ratios: Sequence[float | None], share: float, floor: float = 0
     return max(known[flagged - 1], floor)
 
 
-def _optional_rank(o: ScheduleOptions, option_name: str) -> int | None:
-    """A pinned endpoint (a PowerSGD rank), or None: chosen from its error target."""
-    return None if o.get(option_name, None) is None else _rank(o, option_name)
+def noise_level(history: Sequence[Sequence[float]]) -> float:
+    """The spread a check's norm ratio |prev - cur| / prev shows on gradients whose norm only
+    fluctuates, measured from consecutive epochs' per-layer norms (history[t][layer], the
+    epochs of one LR phase).
+
+    Each triple of consecutive epochs gives d = (n[t] - 2 n[t-1] + n[t-2]) / n[t-1], which a
+    linear trend cancels exactly: if each epoch's norm carries an independent relative
+    fluctuation of s.d. sigma, d has variance 6 sigma^2, and a ratio of two epochs with no
+    trend has s.d. sqrt(2) sigma = rms(d) / sqrt(3). Per layer rms(d) / sqrt(3); the median over
+    the layers (0 with fewer than 3 epochs)."""
+    per_layer = []
+    for layer in range(len(history[0]) if history else 0):
+        norms = [epoch[layer] for epoch in history]
+        d = [(norms[t] - 2 * norms[t - 1] + norms[t - 2]) / norms[t - 1]
+             for t in range(2, len(norms)) if norms[t - 1] > 0]
+        if d:
+            per_layer.append(math.sqrt(sum(x * x for x in d) / len(d) / 3))
+    if not per_layer:
+        return 0.0
+    per_layer.sort()
+    middle = len(per_layer) // 2
+    return per_layer[middle] if len(per_layer) % 2 else (per_layer[middle - 1] + per_layer[middle]) / 2
+
+
+def _optional_level(o: ScheduleOptions, option_name: str):
+    """A pinned endpoint (a level of the run's compressor), or None: chosen from its target."""
+    return None if o.get(option_name, None) is None else _level(o, option_name)
+
+
+def _max_rank(o: ScheduleOptions, option_name: str) -> int:
+    """The largest PowerSGD candidate (read, and unused, under Top-K, whose grid is
+    min_fraction's); a compressor without levels is refused here, in schedules' one wording."""
+    if o.context.level_kind is None:
+        _level(o, option_name)
+    return o.integer(option_name, what="a PowerSGD rank")
+
+
+def _min_fraction(o: ScheduleOptions, option_name: str) -> float:
+    """The smallest Top-K candidate; it must leave at least one below the break-even."""
+    value = o.number(option_name, high=1.0)
+    largest = 1.0 / (4 * o.context.world_size)
+    if o.context.level_kind is float and value > largest:
+        raise o.error(option_name, f"{value:g} is above {largest:g}, the largest Top-K candidate "
+                                   f"on {o.context.world_size} ranks (half the break-even "
+                                   "1 / (2 x world size))")
+    return value
 
 
 @dataclass(frozen=True, kw_only=True)
 class AutoSettings(DetectorSettings):
-    # the relative error e(r) = ||G - G_r|| / ||G|| the low level must reach, and the looser
-    # one of the high level
+    # the relative error e the low level must reach, and the looser one of the high level
     error_low: float = option(Options.number, high=1.0, closed="high", default=0.5)
     error_high: float = option(Options.number, high=1.0, closed="high", default=0.75)
-    max_rank: int = option(_rank, default=16)  # candidates 1, 2, 4, ..., max_rank (PowerSGD only)
-    # pin an endpoint to a rank instead (null: chosen from the error target)
-    low: int | None = option(_optional_rank, default=None)
-    high: int | None = option(_optional_rank, default=None)
+    max_rank: int = option(_max_rank, default=16)  # PowerSGD candidates 1, 2, 4, ..., max_rank
+    min_fraction: float = option(_min_fraction, default=0.001)  # Top-K's grid goes down to it
+    # pin an endpoint to a level instead (null: chosen from the error target)
+    low: int | float | None = option(_optional_level, default=None)
+    high: int | float | None = option(_optional_level, default=None)
     # the share of layers to run at low after each check (null: eta as given)
     low_share: float | None = option(Options.number, high=1.0, closed="low+high", optional=True,
                                      default=None)
     eta_floor: float = option(Options.number, closed="low", default=0.0)
+    # eta is floored at noise_z x the measured noise of the ratio (noise_level; 0: no floor)
+    noise_z: float = option(Options.number, closed="low", default=2.0)
     # a traffic budget for the high level instead of error_high: the floats one step may send
-    # with every layer at `high`, as a share of the dense gradient's; the DP's grid in steps of it
+    # with every layer at `high`, as a share of the dense gradient's
     budget: float | None = option(Options.number, high=1.0, closed="high", optional=True,
                                   default=None)
-    bins: int = option(Options.integer, default=10_000)
+    # or a step-time budget (seconds) on a link of link_bps bits/s and latency_s per message:
+    # the predicted step (compute_time + the exchange at `high`) must fit within step_time
+    step_time: float | None = option(Options.number, optional=True, default=None)
+    compute_time: float = option(Options.number, closed="low", default=0.0)
+    link_bps: float | None = option(Options.number, optional=True, default=None)
+    latency_s: float = option(Options.number, closed="low", default=50e-6)
+    bins: int = option(Options.integer, default=10_000)  # the budget DP's grid
 
     def __post_init__(self):
         if self.error_high < self.error_low:
@@ -125,26 +194,42 @@ class AutoSettings(DetectorSettings):
                               f"{self.error_low}; the high level's error bound must be the looser")
         for name in ("low", "high"):
             pinned = getattr(self, name)
-            if pinned is not None and pinned > self.max_rank:
+            if is_int(pinned) and pinned > self.max_rank:
                 raise ConfigError(f"schedule.{name}", f"{pinned} is above schedule.max_rank = "
                                                       f"{self.max_rank}, the largest candidate")
-        if self.low is not None and self.high is not None and self.high > self.low:
-            raise ConfigError("schedule.high", f"{self.high} compresses less than schedule.low = "
-                                               f"{self.low}")
+        if self.low is not None and self.high is not None:
+            _level_pair("low", self.low, "high", self.high)
+        if self.budget is not None and self.step_time is not None:
+            raise ConfigError("schedule.step_time", "give a traffic budget (schedule.budget) or "
+                                                    "a step-time budget, not both")
+        if (self.step_time is None) != (self.link_bps is None):
+            given, missing = (("step_time", "link_bps") if self.link_bps is None
+                              else ("link_bps", "step_time"))
+            raise ConfigError(f"schedule.{missing}", f"is required with schedule.{given}: a "
+                                                     "step-time budget needs both the budget "
+                                                     "and the link's rate")
+        if self.step_time is not None and self.compute_time >= self.step_time:
+            raise ConfigError("schedule.compute_time",
+                              f"{self.compute_time} s leaves nothing of schedule.step_time = "
+                              f"{self.step_time} s for the gradient exchange")
 
 
 class RelativeErrorProbe(ErrorProbe):
-    """ErrorProbe whose table is relative (e(r) = ||G - G_r|| / ||G||) and whose result also
-    carries the detector's ratios, so the schedule can set its own eta."""
+    """ErrorProbe whose table is the candidates' relative error (candidates.py) and whose result
+    also carries the detector's norms and ratios, so the schedule can set its own eta."""
 
-    def errors_of(self, matrix: torch.Tensor, ranks: Sequence[int]) -> list[float]:
-        return relative_errors(matrix, ranks)
+    def __init__(self, detector: CriticalRegimeDetector, layer_shapes, candidates):
+        super().__init__(detector, layer_shapes, candidates.levels)
+        self.candidates = candidates
+
+    def errors_of(self, matrix: torch.Tensor, ranks: Sequence) -> list[float]:
+        return self.candidates.errors(matrix, ranks)
 
     def end_epoch(self, epoch: int, lr_now: float, lr_next: float) -> dict:
         measured = super().end_epoch(epoch, lr_now, lr_next)
         report = self.detector.report
-        return {**measured, "checked": report["checked"], "ratios": report["ratios"],
-                "lr_rule_fired": report["lr_rule_fired"]}
+        return {**measured, "checked": report["checked"], "norms": report["norms"],
+                "ratios": report["ratios"], "lr_rule_fired": report["lr_rule_fired"]}
 
 
 class AutoSchedule(_ShapedSchedule):
@@ -154,15 +239,25 @@ class AutoSchedule(_ShapedSchedule):
     name = "auto"
     Settings = AutoSettings
     granularity = "layer"
+    context_needed = True  # build_schedule passes the compressor and the world size
 
-    def __init__(self, num_layers: int, settings=None, **kwargs):
-        self.ranks = power_of_two_ranks(settings.max_rank)
+    def __init__(self, num_layers: int, settings=None, *, context: ScheduleContext, **kwargs):
+        s = settings
+        self.candidates = candidates_for(context.compressor, context.level_kind,
+                                         context.world_size, s.max_rank, s.min_fraction)
+        self.ranks = self.candidates.levels  # the probe's name for its candidates
+        # until the first table, the pinned levels or the largest candidate (no error known)
+        start = s.low if s.low is not None else self.ranks[-1]
+        self.endpoints = [(start, s.high if s.high is not None else start)] * num_layers
         super().__init__(num_layers, settings, **kwargs)
-        self.costs = [[layer_cost(shape, r) for r in self.ranks] for shape in self.layer_shapes]
-        self.eta = settings.eta
-        # until the first table, the pinned ranks or the largest candidate (no error known)
-        self.endpoints = [(settings.low or self.ranks[-1], settings.high or settings.low
-                           or self.ranks[-1])] * num_layers
+        self.costs = [[self.candidates.floats(shape, level) for level in self.ranks]
+                      for shape in self.layer_shapes]
+        self.exchange = (None if s.step_time is None else step_exchange(
+            self.candidates, Network(s.link_bps, s.latency_s), context.world_size))
+        self.eta = s.eta
+        self.noise = 0.0     # the measured noise of the ratio at the last check
+        self.history: list[list[float]] = []  # per-epoch layer norms since the last LR decay
+        self.predicted_step_s: float | None = None  # with step_time: the high plan's step
 
     @property
     def needs_detector(self) -> bool:
@@ -170,63 +265,99 @@ class AutoSchedule(_ShapedSchedule):
 
     def make_detector(self) -> RelativeErrorProbe:
         detector: CriticalRegimeDetector = _detector(self)
-        return RelativeErrorProbe(detector, self.layer_shapes, self.ranks)
+        return RelativeErrorProbe(detector, self.layer_shapes, self.candidates)
 
     def initial_plan(self) -> Plan:
-        low = self.settings.low or self.settings.max_rank
-        return Plan(levels=[low] * self.num_layers, global_batch=None)
+        return Plan(levels=[low for low, _ in self.endpoints], global_batch=None)
 
     def _initial_flags(self):
         return [True] * self.num_layers, None
 
-    def choose_endpoints(self, errors: Sequence[Sequence[float]]) -> list[tuple[int, int]]:
-        """(low, high) per layer from its error table; a pinned endpoint stays pinned."""
-        s, chosen = self.settings, []
+    def step_seconds(self, levels: Sequence) -> float:
+        """The cost model's step time at these levels: compute_time, the collectives' latency
+        and each layer's bandwidth time (analysis/costmodel.py StepExchange)."""
+        c = self.candidates
+        return self.settings.compute_time + self.exchange.fixed_seconds() + sum(
+            self.exchange.layer_seconds(c.floats(shape, level), c.op(shape, level))
+            for shape, level in zip(self.layer_shapes, levels))
+
+    def _high_picks(self, errors: Sequence[Sequence[float]]) -> list[int]:
+        """Each layer's `high` candidate: within the traffic or the step-time budget at least
+        summed error, else the cheapest within error_high."""
+        s = self.settings
         if s.budget is not None:  # the whole high plan within the budget, least summed error
             dense = sum(n * m for n, m in self.layer_shapes)
-            picks = least_error_within(errors, self.costs, s.budget * dense, s.bins)
-        else:
-            picks = [cheapest_within(e, c, s.error_high) for e, c in zip(errors, self.costs)]
-        for layer_errors, costs, pick in zip(errors, self.costs, picks):
-            low = s.low or self.ranks[cheapest_within(layer_errors, costs, s.error_low)]
-            high = s.high or self.ranks[pick]
+            return least_error_within(errors, self.costs, s.budget * dense, s.bins)
+        if s.step_time is not None:  # the same DP, each candidate priced in seconds
+            c = self.candidates
+            seconds = [[self.exchange.layer_seconds(c.floats(shape, level), c.op(shape, level))
+                        for level in self.ranks] for shape in self.layer_shapes]
+            room = s.step_time - s.compute_time - self.exchange.fixed_seconds()
+            return least_error_within(errors, seconds, room, s.bins)
+        return [cheapest_within(e, c, s.error_high) for e, c in zip(errors, self.costs)]
+
+    def choose_endpoints(self, errors: Sequence[Sequence[float]]) -> list[tuple]:
+        """(low, high) per layer from its error table; a pinned endpoint stays pinned."""
+        s, chosen = self.settings, []
+        for layer_errors, costs, pick in zip(errors, self.costs, self._high_picks(errors)):
+            low = s.low if s.low is not None else \
+                self.ranks[cheapest_within(layer_errors, costs, s.error_low)]
+            high = s.high if s.high is not None else self.ranks[pick]
             chosen.append((low, min(high, low)))
+        if self.exchange is not None:
+            self.predicted_step_s = self.step_seconds([high for _, high in chosen])
         return chosen
+
+    def _measure_noise(self, norms: list[float]) -> None:
+        """Keep the epochs' norms the noise is measured on: the last interval + 2 epochs."""
+        self.history = [*self.history, list(norms)][-(self.settings.interval + 2):]
 
     def on_epoch_end(self, epoch: int, measurement) -> Plan:
         m = _expect_measurement(self, measurement)
+        s = self.settings
+        self._measure_noise(m["norms"])
         if m["checked"]:
             self.endpoints = self.choose_endpoints(m["errors"])
             ratios = m["ratios"]
             if ratios is None:  # the first check: nothing to compare with, all critical
                 flags = [True] * self.num_layers
             else:
-                if self.settings.low_share is not None:
-                    self.eta = eta_for_share(ratios, self.settings.low_share, self.settings.eta_floor)
+                if s.low_share is not None:
+                    self.noise = noise_level(self.history)
+                    floor = max(s.eta_floor, s.noise_z * self.noise)
+                    self.eta = eta_for_share(ratios, s.low_share, floor)
                 flags = [r is None or r >= self.eta for r in ratios]
         else:
             flags = list(self._critical)
         if m["lr_rule_fired"]:
             flags = [True] * self.num_layers
+            self.history = []  # a new LR phase: its norms are not the old one's noise
         self._critical = flags
         levels = [low if critical else high for critical, (low, high) in zip(flags, self.endpoints)]
         return self._set(Plan(levels=levels, global_batch=None))
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "eta": self.eta,
+        return {**super().state_dict(), "eta": self.eta, "noise": self.noise,
+                "history": [list(h) for h in self.history],
+                "predicted_step_s": self.predicted_step_s,
                 "endpoints": [list(pair) for pair in self.endpoints]}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
+        kind = self.candidates.kind
         self.eta = float(state["eta"])
-        self.endpoints = [(int(low), int(high)) for low, high in state["endpoints"]]
+        self.noise = float(state["noise"])
+        self.history = [list(h) for h in state["history"]]
+        self.predicted_step_s = state["predicted_step_s"]
+        self.endpoints = [(kind(low), kind(high)) for low, high in state["endpoints"]]
 
     def info(self) -> dict:
-        return {**super().info(), "eta": self.eta}
+        return {**super().info(), "eta": self.eta, "ratio_noise": self.noise,
+                **({} if self.exchange is None else {"predicted_step_s": self.predicted_step_s})}
 
 
 def _expect_measurement(schedule: AutoSchedule, measurement) -> dict:
-    keys = ("critical", "errors", "checked", "ratios", "lr_rule_fired")
+    keys = ("critical", "errors", "checked", "norms", "ratios", "lr_rule_fired")
     if not isinstance(measurement, dict) or any(key not in measurement for key in keys) \
             or len(measurement["errors"]) != schedule.num_layers:
         raise ValueError(f"schedule {schedule.name!r} expects its RelativeErrorProbe's "

@@ -528,7 +528,7 @@ SCHEDULE_NAMES = tuple(SCHEDULES)
 
 
 def _parse(name, options: Mapping, compressor: str, world_size: int,
-           total_epochs: int | None) -> tuple[type[Schedule], object]:
+           total_epochs: int | None) -> tuple[type[Schedule], object, ScheduleContext]:
     if name not in SCHEDULES:
         raise ConfigError("schedule.name",
                           f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
@@ -540,7 +540,7 @@ def _parse(name, options: Mapping, compressor: str, world_size: int,
     context = ScheduleContext(name, compressor, level_kind(compressor), world_size, total_epochs)
     reader = ScheduleOptions(options, cls.Settings, context)
     reader.reject_unknown(cls.options(), f"schedule {name!r}")
-    return cls, cls.Settings.read(reader)
+    return cls, cls.Settings.read(reader), context
 
 
 def validate_schedule(name, options: Mapping, /, *, compressor: str, world_size: int,
@@ -562,9 +562,12 @@ def build_schedule(name: str, /, *, num_layers: int, compressor: str, default_le
     `options` may be the whole schedule config node, `name` included (`**cfg.schedule`).
     `default_level` is the compressor's own level, reported for layers no plan sets.
     `layer_shapes`: the (n, m) of each compressible layer (the reducer's `matrix_shapes`),
-    needed by the schedules that weigh layers by size (lgreco, lgreco_accordion, phase_rule).
+    needed by the schedules that weigh layers by size (lgreco, lgreco_accordion, phase_rule,
+    auto); auto also gets the context (its candidates depend on the compressor and world size).
     """
-    cls, settings = _parse(name, options, compressor, world_size, total_epochs)
-    shaped = {"layer_shapes": layer_shapes} if hasattr(cls, "layer_shapes_needed") else {}
+    cls, settings, context = _parse(name, options, compressor, world_size, total_epochs)
+    extra = {"layer_shapes": layer_shapes} if hasattr(cls, "layer_shapes_needed") else {}
+    if getattr(cls, "context_needed", False):
+        extra["context"] = context
     return cls(num_layers, settings, default_level=default_level,
-               base_global_batch=base_global_batch, **shaped)
+               base_global_batch=base_global_batch, **extra)

@@ -91,6 +91,38 @@ def step_comm_time(bytes_sent: float, collectives: float, allgather_bytes: float
             + allgather_time(allgather_bytes, workers, net, allgathers))
 
 
+@dataclass(frozen=True)
+class StepExchange:
+    """One step's gradient exchange split the way a per-layer choice of levels needs it:
+    `fixed_seconds()`, the latency of the step's collectives (the same whatever the levels),
+    plus `layer_seconds(floats, op)` per layer, its bandwidth time. Under the alpha-beta model
+    the parts add up to step_comm_time of the whole step, so a plan's predicted time is
+    additive over layers (schedule=auto's step-time budget, accordion/auto.py).
+
+    `floats` are in the reducers' convention (comm/base.py floats_per_step): elements a layer
+    adds to an all-reduce, or for an all-gather the total over the workers (Top-K's 2 k p), of
+    `bytes_per_float` each.
+    """
+
+    network: Network
+    workers: int
+    collectives: int
+    allgathers: int = 0
+    bytes_per_float: int = 4
+
+    def fixed_seconds(self) -> float:
+        return step_comm_time(0.0, self.collectives, 0.0, self.allgathers, self.network,
+                              self.workers)
+
+    def layer_seconds(self, floats: float, op: str) -> float:
+        nbytes = self.bytes_per_float * floats
+        if op == ALLGATHER:
+            return allgather_time(nbytes / self.workers, self.workers, self.network, 0)
+        if op == ALLREDUCE:
+            return allreduce_time(nbytes, self.workers, self.network, 0)
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+
+
 def predict_epoch_time(compute_s_per_step: float, steps: int, bytes_per_step: float,
                        collectives_per_step: float, op: str, net: str | Network,
                        workers: int) -> float:

@@ -101,3 +101,12 @@ def check_level(kind: type, value, key: str) -> int | float:
     if not is_real(value) or not 0.0 < float(value) <= 1.0:
         raise ConfigError(key, f"the Top-K kept fraction must be in (0, 1], got {value!r}")
     return float(value)
+
+
+def kept_entries(shape: tuple[int, int], ratio: float, official_topk: bool = False) -> int:
+    """Entries each worker sends for an (n, m) layer at Top-K `ratio`: max(1, floor(ratio n m)),
+    or floor(ratio n m) with `official_topk` (comm/topk.py; schedule=auto prices a Top-K
+    candidate with it, accordion/candidates.py)."""
+    n, m = shape
+    k = int(ratio * n * m)
+    return k if official_topk else max(1, k)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from .base import Reducer
+from .config import kept_entries
 from .stats import CommStats
 
 
@@ -110,9 +111,7 @@ class TopKReducer(Reducer):
 
     def kept(self, layer: int, ratio: float) -> int:
         """Entries each worker sends for `layer`: k of the module docstring."""
-        n, m = self.matrix_shapes[layer]
-        k = int(ratio * n * m)
-        return k if self.official_topk else max(1, k)
+        return kept_entries(self.matrix_shapes[layer], ratio, self.official_topk)
 
     def _sends_dense(self, layer: int, level: float) -> bool:
         n, m = self.matrix_shapes[layer]
