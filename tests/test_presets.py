@@ -10,10 +10,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from accordion_repro.accordion import build_schedule
+from accordion_repro.accordion import SCHEDULES, build_schedule
 from accordion_repro.analysis.layout import COMPARISONS, FIGURES, TABLES, all_presets
 from accordion_repro.comm import build_reducer
-from accordion_repro.config import compressor_level, validate, world_size_of
+from accordion_repro.config import check_level_owner, compressor_level, validate, world_size_of
 from accordion_repro.engine.lr import build_epoch_lr, decay_epochs
 from accordion_repro.errors import DatasetMissingError
 from accordion_repro.models import build_model, count_parameters
@@ -122,6 +122,15 @@ def test_every_cell_has_a_preset_and_every_preset_a_cell():
     assert sorted(files - set(PRESETS)) == [], "presets that fill no cell of analysis/layout.py"
 
 
+@pytest.mark.parametrize("preset", PRESETS)
+def test_no_preset_sets_a_level_its_schedule_never_reads(preset):
+    """Under a schedule that sets every layer's level (accordion, regime_windows, the
+    successors') compressor.rank / ratio is null; one a preset set would be refused."""
+    c = composed(preset, "paper")
+    comp = {k: v for k, v in c["compressor"].items() if k != "name"}
+    check_level_owner(c["compressor"]["name"], comp, c["schedule"]["name"])
+
+
 def test_every_compression_table_has_a_dense_baseline():
     for table in TABLES.values():
         for section in table.sections:
@@ -145,7 +154,9 @@ def test_preset_fills_its_cell(preset):
     assert c["compressor"]["name"] == cell.compressor
     assert c["scale"]["name"] == "paper"
     if preset in COMPARED:  # a successor's method: its schedule, at table 1's rank 2
-        assert c["schedule"]["name"] == cell.schedule and c["compressor"]["rank"] == 2
+        assert c["schedule"]["name"] == cell.schedule
+        # the compressor's own rank where the schedule keeps it, else null (never read)
+        assert c["compressor"]["rank"] == (None if SCHEDULES[cell.schedule].sets_levels else 2)
         return
     levels = preset_levels(c)
     if cell.method == "dense":
@@ -178,8 +189,8 @@ def preset_levels(c: dict) -> tuple:
             return sched["high"], sched["high"]
         assert sched["low"] == base_batch, "B_low must be the trainer's global batch (LR basis)"
         return sched["low"], sched["high"]
-    if sched["name"] == "accordion":
-        assert compressor_level(comp["name"], comp) == sched["low"]
+    if sched["name"] == "accordion":  # sets every layer's level: the compressor has none
+        assert compressor_level(comp["name"], comp) is None
         return sched["low"], sched["high"]
     if sched["name"] == "static" and comp["name"] == "none":
         return (base_batch, base_batch) if c["run"]["method"] != "dense" else (None, None)

@@ -767,6 +767,19 @@ def test_detector_options_of_a_static_run_matter_only_when_it_detects(case):
                               "schedule.lr_decay_rule", "schedule.statistic"}
 
 
+@pytest.mark.parametrize("schedule, same", [("accordion", True), ("regime_windows", True),
+                                             ("static", False)])
+def test_the_compressors_level_matters_only_where_the_schedule_reads_it(schedule, same):
+    """A run made before issue 39 recorded compressor.rank: 2 under schedule=accordion, which
+    sets every layer's rank; the same run now has rank null: resuming it is no config change
+    (nor is mixing it with new seeds in a table cell). Under static the rank is the run's."""
+    from accordion_repro.rundir import config_delta
+
+    old = {"compressor": {"name": "powersgd", "rank": 2}, "schedule": {"name": schedule}}
+    new = {"compressor": {"name": "powersgd", "rank": None}, "schedule": {"name": schedule}}
+    assert config_delta(old, new) == ({} if same else {"compressor.rank": [2, None]})
+
+
 # Keys named by the run directory itself (seed<seed>, <scale.name>/<run.name>/; an experiment
 # sets run.name) or that are no config key (a Hydra group of Hydra's own).
 _IN_THE_PATH = {"seed", "run.name", "experiment", "scale", "hydra/launcher"}
