@@ -1,5 +1,6 @@
-"""Experiment presets: one per cell of analysis/layout.py, the official values at scale=paper,
-the same experiment shrunk at scale=cpu, and every piece buildable from the composed config."""
+"""Experiment presets: one per cell of analysis/layout.py (rendered from it by
+analysis/presets.py), the official values at scale=paper, the same experiment shrunk at
+scale=cpu, and every piece buildable from the composed config."""
 
 from __future__ import annotations
 
@@ -114,12 +115,40 @@ def build_pieces(c: dict):
     return model, reducer, schedule
 
 
-# ---- one preset per cell, one cell per preset ------------------------------------------------
-def test_every_cell_has_a_preset_and_every_preset_a_cell():
-    assert len(PRESETS) == len(set(PRESETS))
-    files = preset_files()
-    assert sorted(set(PRESETS) - files) == [], "cells of analysis/layout.py without a preset"
-    assert sorted(files - set(PRESETS)) == [], "presets that fill no cell of analysis/layout.py"
+# ---- one preset per cell, one cell per preset: the layout's rendering ------------------------
+def test_the_presets_are_exactly_what_the_layout_renders():
+    """conf/experiment/ is written from analysis/layout.py (analysis/presets.py), one preset per
+    cell: a cell added, changed or removed there without rewriting the presets, a preset that
+    fills no cell, or one edited by hand, fails."""
+    from accordion_repro.analysis.presets import main, preset_cells, stale_files
+
+    assert len(PRESETS) == len(set(PRESETS)) == len(preset_files())
+    assert [cell.preset for cell in preset_cells()] == PRESETS
+    assert stale_files() == [], ("run `python -m accordion_repro.analysis.presets` to rewrite "
+                                 "them from analysis/layout.py")
+    assert main(["--check"]) == 0
+
+
+def test_the_renderers_notes_belong_to_cells():
+    from accordion_repro.analysis.presets import BODIES, HEADERS, NOTES
+
+    assert set(NOTES) | set(HEADERS) | set(BODIES) <= set(PRESETS)
+
+
+def test_a_changed_or_removed_cell_leaves_a_stale_preset(monkeypatch):
+    """The check can fail: a level changed in the layout makes that cell's file stale, a cell
+    removed leaves its file filling no cell."""
+    from dataclasses import replace
+
+    from accordion_repro.analysis import presets
+
+    name = "table1/resnet18_powersgd_accordion"
+    changed = [replace(c, low=8) if c.preset == name else c for c in presets.preset_cells()]
+    monkeypatch.setattr(presets, "preset_cells", lambda: changed)
+    assert presets.stale_files() == [name]
+    assert "  low: 8\n" in presets.render(next(c for c in changed if c.preset == name))
+    monkeypatch.setattr(presets, "preset_cells", lambda: [c for c in changed if c.preset != name])
+    assert presets.stale_files() == [name]
 
 
 @pytest.mark.parametrize("preset", PRESETS)
