@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from accordion_repro.comm.config import SETTINGS as COMPRESSOR_SETTINGS, compressor_level  # noqa: F401  (tests and callers read it here)
+from accordion_repro.comm.config import check_level, level_kind, level_option
 from accordion_repro.env import env_rank
 from accordion_repro.errors import ConfigError, ConfigWarning
 from accordion_repro.options import Options, defaults_of
@@ -52,10 +53,21 @@ def _mul(*factors: Any) -> int:
     return out
 
 
+def _own_level(schedule: str, level: Any) -> Any:
+    """The compressor's own level in conf/compressor/*.yaml: `level`, or null under a schedule
+    that sets every layer's level, which never reads it (`${acc.own_level:${schedule.name},2}`).
+    A level a preset or the command line sets replaces this default: check_level_owner refuses it."""
+    from accordion_repro.accordion import SCHEDULES
+
+    cls = SCHEDULES.get(schedule)
+    return None if cls is not None and cls.sets_levels else level
+
+
 def register_resolvers() -> None:
     """Resolvers the conf/ tree uses; safe to call more than once."""
     OmegaConf.register_new_resolver("acc.subdir", _subdir, replace=True)
     OmegaConf.register_new_resolver("acc.mul", _mul, replace=True)
+    OmegaConf.register_new_resolver("acc.own_level", _own_level, replace=True)
 
 
 def register_defaults() -> None:
@@ -128,6 +140,26 @@ def reject_unknown_keys(c: Mapping) -> None:
 def _require(cond: bool, key: str, message: str) -> None:
     if not cond:
         raise ConfigError(key, message)
+
+
+def check_level_owner(compressor: str, options: Mapping, schedule: str) -> None:
+    """compressor.rank / ratio is read only under a schedule that keeps the compressor's own
+    level (static, batch_accordion), which needs one. A schedule that sets every layer's level
+    never reads it, so a value set there (a preset, `compressor.rank=4` on the command line)
+    would be dead: refused, naming the key, as Accordion(...) refuses rank= (ddp.py). Unknown
+    names are left to validate_compressor and validate_schedule."""
+    from accordion_repro.accordion import SCHEDULES
+
+    option, cls = level_option(compressor), SCHEDULES.get(schedule)
+    if option is None or cls is None:
+        return
+    key, value = f"compressor.{option}", options.get(option)
+    if not cls.sets_levels:
+        check_level(level_kind(compressor), value, key)
+    elif value is not None:
+        raise ConfigError(key, f"schedule {schedule!r} takes no {key}: the schedule sets each "
+                               f"layer's {option}, so it would never be read (got {value!r}); "
+                               "leave it unset")
 
 
 def _check_fsdp(c: dict, t, world: int) -> None:
@@ -204,6 +236,7 @@ def validate(cfg: DictConfig) -> None:
     world = world_size_of(c)
     sched = dict(c["schedule"])
     sched_name = sched.pop("name")
+    check_level_owner(comp_name, comp, sched_name)
     base = t.batch_size * world
     settings = validate_schedule(sched_name, sched, compressor=comp_name, world_size=world,
                                  total_epochs=t.epochs)

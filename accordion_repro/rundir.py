@@ -92,6 +92,18 @@ def _runs_no_detector(flat: dict) -> bool:
     return flat.get("schedule.name") == "static" and not flat.get("schedule.detect", False)
 
 
+def _unread_level_keys(flat: dict) -> set[str]:
+    """compressor.rank / ratio under a schedule that sets every layer's level: never read (null
+    since issue 39; runs made before it recorded the schedule's starting level there)."""
+    from accordion_repro.accordion import SCHEDULES
+    from accordion_repro.comm.config import SETTINGS
+
+    schedule = SCHEDULES.get(flat.get("schedule.name"))
+    if schedule is None or not schedule.sets_levels:
+        return set()
+    return {f"compressor.{s.LEVEL[0]}" for s in SETTINGS.values() if s.LEVEL[0] is not None}
+
+
 def _file_names(value) -> list[str]:
     return [os.path.basename(str(v)) for v in (value if isinstance(value, list) else [value])]
 
@@ -103,6 +115,7 @@ def config_delta(old: dict, new: dict) -> dict[str, list]:
     """
     a, b = flatten(old), flatten(new)
     inert = DETECTOR_KEYS if _runs_no_detector(a) and _runs_no_detector(b) else set()
+    inert = inert | (_unread_level_keys(a) & _unread_level_keys(b))
     delta = {}
     for key in sorted(set(a) | set(b)):
         if key != "scale.name" and (key in IGNORED_KEYS or key.startswith(IGNORED_PREFIXES)):

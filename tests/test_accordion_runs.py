@@ -22,7 +22,7 @@ TINY = ["model=resnet18", "model.width=0.125", "dataset=synthetic_cifar10", "dat
 
 @pytest.mark.slow
 def test_accordion_moves_layers_to_high_and_back_to_low_at_the_decay(tmp_path):
-    run_dir = train([*TINY, "trainer.epochs=6", "compressor=powersgd", "compressor.rank=2",
+    run_dir = train([*TINY, "trainer.epochs=6", "compressor=powersgd",
                      "schedule=accordion", "schedule.low=2", "schedule.high=1", "schedule.interval=2",
                      "optim.decay_at=[4]"], tmp_path / "run")
     metrics = read_metrics(run_dir)
@@ -57,7 +57,7 @@ def test_batch_accordion_switches_batch_and_lr_at_the_logged_epoch(tmp_path):
 @pytest.mark.distributed
 def test_joint_schedule_drives_levels_and_batch_from_one_detector(tmp_path):
     run_dir = train([*TINY, "dist.nproc_per_node=2", "trainer.batch_size=8", "trainer.epochs=4",
-                     "compressor=powersgd", "compressor.rank=2", "schedule=joint", "schedule.low=2",
+                     "compressor=powersgd", "schedule=joint", "schedule.low=2",
                      "schedule.high=1", "schedule.batch_low=16", "schedule.batch_high=64",
                      "schedule.interval=1", "schedule.eta=100"], tmp_path / "run")
     metrics = read_metrics(run_dir)
@@ -134,7 +134,7 @@ def test_figure2b_arms_from_a_detect_run_put_rank1_in_its_critical_epochs_and_se
 
     floats = {}
     for arm in ("inside", "outside"):
-        run = train([*common, "experiment=fig2/resnet18_high_inside", "compressor.rank=2",
+        run = train([*common, "experiment=fig2/resnet18_high_inside",
                      *plan.overrides(arm), "schedule.inside=1", "schedule.outside=2"], tmp_path / arm)
         arm_metrics = read_metrics(run)
         rank1 = [m["epoch"] for m in arm_metrics if m["layer_levels"] == [1] * 21]

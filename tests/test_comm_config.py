@@ -52,9 +52,15 @@ def test_the_shipped_yaml_builds_valid_reducers():
     from omegaconf import OmegaConf
 
     conf = Path(__file__).resolve().parents[1] / "conf" / "compressor"
+    import accordion_repro.config  # noqa: F401  (registers conf/'s resolvers)
+
     for name in ("none", "powersgd", "topk"):
-        node = OmegaConf.merge({"seed": 3}, {"c": OmegaConf.load(conf / f"{name}.yaml")})
-        options = OmegaConf.to_container(node.c, resolve=True)
-        assert options.pop("name") == name
-        validate_compressor(name, options)
-        build_reducer(name, [torch.zeros(3, 3)], **options)
+        for schedule in ("static", "accordion"):
+            node = OmegaConf.merge({"seed": 3, "schedule": {"name": schedule}},
+                                   {"c": OmegaConf.load(conf / f"{name}.yaml")})
+            options = OmegaConf.to_container(node.c, resolve=True)
+            assert options.pop("name") == name
+            validate_compressor(name, options)
+            reducer = build_reducer(name, [torch.zeros(3, 3)], **options)
+            # under a schedule that sets every layer's level the compressor has none of its own
+            assert (reducer.default_level is None) == (name == "none" or schedule == "accordion")

@@ -82,6 +82,26 @@ def test_level_switch_changes_floats_next_step_and_keeps_memory():
             out[index] + reducer.memory[layer].view_as(grads[index]), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("name, option, levels", [("powersgd", "rank", [1, 2, 3]),
+                                                   ("acp_powersgd", "rank", [1, 2, 3]),
+                                                   ("topk", "ratio", [0.5, 0.1, 1.0])])
+def test_a_reducer_without_its_own_level_reduces_only_at_levels_given_to_every_layer(
+        name, option, levels):
+    """rank=None / ratio=None: a schedule sets each layer's level (the config's null under
+    schedule=accordion); the reducer computes exactly as one built with a level, once told."""
+    grads = shapes_params(*SHAPES, seed=3)
+    unset = build_reducer(name, grads, **{option: None})
+    for missing in (None, [levels[0], None, levels[2]]):
+        with pytest.raises(ValueError, match=f"has no {option}: this reducer was built with "
+                                             f"{option}=None"):
+            unset.reduce([g.clone() for g in grads], missing)
+    given = build_reducer(name, grads, **{option: levels[0]})
+    for _ in range(2):
+        a, b = [g.clone() for g in grads], [g.clone() for g in grads]
+        assert unset.reduce(a, levels) == given.reduce(b, levels)
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
 def test_topk_keeps_exactly_the_largest_entries_and_remembers_the_rest():
     grads = shapes_params((50, 40), (7,), seed=4)
     reducer = build_reducer("topk", grads, ratio=0.1)

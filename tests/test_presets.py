@@ -1,5 +1,6 @@
-"""Experiment presets: one per cell of analysis/layout.py, the official values at scale=paper,
-the same experiment shrunk at scale=cpu, and every piece buildable from the composed config."""
+"""Experiment presets: one per cell of analysis/layout.py (rendered from it by
+analysis/presets.py), the official values at scale=paper, the same experiment shrunk at
+scale=cpu, and every piece buildable from the composed config."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from accordion_repro.accordion import build_schedule
+from accordion_repro.accordion import SCHEDULES, build_schedule
 from accordion_repro.analysis.layout import COMPARISONS, FIGURES, TABLES, all_presets
 from accordion_repro.comm import build_reducer
-from accordion_repro.config import compressor_level, validate, world_size_of
+from accordion_repro.config import check_level_owner, compressor_level, validate, world_size_of
 from accordion_repro.engine.lr import build_epoch_lr, decay_epochs
 from accordion_repro.errors import DatasetMissingError
 from accordion_repro.models import build_model, count_parameters
@@ -114,12 +115,49 @@ def build_pieces(c: dict):
     return model, reducer, schedule
 
 
-# ---- one preset per cell, one cell per preset ------------------------------------------------
-def test_every_cell_has_a_preset_and_every_preset_a_cell():
-    assert len(PRESETS) == len(set(PRESETS))
-    files = preset_files()
-    assert sorted(set(PRESETS) - files) == [], "cells of analysis/layout.py without a preset"
-    assert sorted(files - set(PRESETS)) == [], "presets that fill no cell of analysis/layout.py"
+# ---- one preset per cell, one cell per preset: the layout's rendering ------------------------
+def test_the_presets_are_exactly_what_the_layout_renders():
+    """conf/experiment/ is written from analysis/layout.py (analysis/presets.py), one preset per
+    cell: a cell added, changed or removed there without rewriting the presets, a preset that
+    fills no cell, or one edited by hand, fails."""
+    from accordion_repro.analysis.presets import main, preset_cells, stale_files
+
+    assert len(PRESETS) == len(set(PRESETS)) == len(preset_files())
+    assert [cell.preset for cell in preset_cells()] == PRESETS
+    assert stale_files() == [], ("run `python -m accordion_repro.analysis.presets` to rewrite "
+                                 "them from analysis/layout.py")
+    assert main(["--check"]) == 0
+
+
+def test_the_renderers_notes_belong_to_cells():
+    from accordion_repro.analysis.presets import BODIES, HEADERS, NOTES
+
+    assert set(NOTES) | set(HEADERS) | set(BODIES) <= set(PRESETS)
+
+
+def test_a_changed_or_removed_cell_leaves_a_stale_preset(monkeypatch):
+    """The check can fail: a level changed in the layout makes that cell's file stale, a cell
+    removed leaves its file filling no cell."""
+    from dataclasses import replace
+
+    from accordion_repro.analysis import presets
+
+    name = "table1/resnet18_powersgd_accordion"
+    changed = [replace(c, low=8) if c.preset == name else c for c in presets.preset_cells()]
+    monkeypatch.setattr(presets, "preset_cells", lambda: changed)
+    assert presets.stale_files() == [name]
+    assert "  low: 8\n" in presets.render(next(c for c in changed if c.preset == name))
+    monkeypatch.setattr(presets, "preset_cells", lambda: [c for c in changed if c.preset != name])
+    assert presets.stale_files() == [name]
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_no_preset_sets_a_level_its_schedule_never_reads(preset):
+    """Under a schedule that sets every layer's level (accordion, regime_windows, the
+    successors') compressor.rank / ratio is null; one a preset set would be refused."""
+    c = composed(preset, "paper")
+    comp = {k: v for k, v in c["compressor"].items() if k != "name"}
+    check_level_owner(c["compressor"]["name"], comp, c["schedule"]["name"])
 
 
 def test_every_compression_table_has_a_dense_baseline():
@@ -145,7 +183,9 @@ def test_preset_fills_its_cell(preset):
     assert c["compressor"]["name"] == cell.compressor
     assert c["scale"]["name"] == "paper"
     if preset in COMPARED:  # a successor's method: its schedule, at table 1's rank 2
-        assert c["schedule"]["name"] == cell.schedule and c["compressor"]["rank"] == 2
+        assert c["schedule"]["name"] == cell.schedule
+        # the compressor's own rank where the schedule keeps it, else null (never read)
+        assert c["compressor"]["rank"] == (None if SCHEDULES[cell.schedule].sets_levels else 2)
         return
     levels = preset_levels(c)
     if cell.method == "dense":
@@ -178,8 +218,8 @@ def preset_levels(c: dict) -> tuple:
             return sched["high"], sched["high"]
         assert sched["low"] == base_batch, "B_low must be the trainer's global batch (LR basis)"
         return sched["low"], sched["high"]
-    if sched["name"] == "accordion":
-        assert compressor_level(comp["name"], comp) == sched["low"]
+    if sched["name"] == "accordion":  # sets every layer's level: the compressor has none
+        assert compressor_level(comp["name"], comp) is None
         return sched["low"], sched["high"]
     if sched["name"] == "static" and comp["name"] == "none":
         return (base_batch, base_batch) if c["run"]["method"] != "dense" else (None, None)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from accordion_repro.analysis.collect import collect_runs, find_run_dirs
 from conftest import REPO, read_metrics, read_summary, wait_until
@@ -60,11 +61,11 @@ def finished_run(tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_rerun_with_a_changed_config_is_refused_naming_the_keys(finished_run, tmp_path):
     before = files_snapshot(finished_run)
-    out = cli(finished_run, "trainer.epochs=2", "compressor.rank=4", "schedule.eta=0.3")
+    out = cli(finished_run, "trainer.epochs=2", "schedule.low=4", "schedule.eta=0.3")
     assert out.returncode == 2
     line = [l for l in out.stderr.splitlines() if l.startswith("error:")]
     assert len(line) == 1
-    assert "compressor.rank: 2 -> 4" in line[0] and "schedule.eta: 0.5 -> 0.3" in line[0]
+    assert "schedule.low: 2 -> 4" in line[0] and "schedule.eta: 0.5 -> 0.3" in line[0]
     assert "trainer.resume=never" in line[0] and "trainer.allow_config_change=true" in line[0]
     assert files_snapshot(finished_run) == before  # resolved.yaml not rewritten, nothing touched
 
@@ -75,7 +76,7 @@ def test_a_refused_job_leaves_the_runs_hydra_files_alone(finished_run, tmp_path)
     run_dir = _copy(finished_run, tmp_path)
     before = {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir() if p.is_file()}
     assert {"config.yaml", "overrides.yaml", "hydra.yaml"} <= set(before)
-    out = cli(run_dir, "trainer.epochs=2", "compressor.rank=4")
+    out = cli(run_dir, "trainer.epochs=2", "schedule.low=4")
     assert out.returncode == 2
     after = {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir()}
     assert after == before  # nothing pending left either
@@ -85,12 +86,13 @@ def test_a_refused_job_leaves_the_runs_hydra_files_alone(finished_run, tmp_path)
 def test_resume_never_moves_the_old_run_aside_and_starts_afresh(finished_run, tmp_path):
     run_dir = _copy(finished_run, tmp_path)
     old_metrics = (run_dir / "metrics.jsonl").read_text()
-    out = cli(run_dir, "trainer.epochs=2", "compressor.rank=1", "trainer.resume=never")
+    out = cli(run_dir, "trainer.epochs=2", "schedule.low=1", "trainer.resume=never")
     assert out.returncode == 0, out.stderr
     [aside] = (run_dir / ".replaced").iterdir()
     assert (aside / "metrics.jsonl").read_text() == old_metrics
-    assert "compressor.rank=1" not in (aside / "resolved.yaml").read_text()
-    assert "rank: 1" in (run_dir / "resolved.yaml").read_text()
+    low = {path: yaml.safe_load(path.read_text())["schedule"]["low"]
+           for path in (aside / "resolved.yaml", run_dir / "resolved.yaml")}
+    assert list(low.values()) == [2, 1]
     complete, _ = find_run_dirs(tmp_path)
     assert complete == [run_dir]  # the analysis never reads the moved-aside run
 
@@ -395,8 +397,9 @@ def test_a_local_two_rank_run_listens_only_on_loopback(tmp_path):
 # ---- sweeps, logging --------------------------------------------------------------------------
 @pytest.mark.slow
 def test_a_sweep_with_one_bad_value_names_that_job_and_runs_the_others(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "accordion_repro.train", "-m", *TINY,
-                          "trainer.epochs=1", "compressor.rank=2,0", f"hydra.sweep.dir={tmp_path}",
+    out = subprocess.run([sys.executable, "-m", "accordion_repro.train", "-m", *DENSE,
+                          "compressor=powersgd", "trainer.epochs=1", "compressor.rank=2,0",
+                          f"hydra.sweep.dir={tmp_path}",
                           f"paths.runs_dir={tmp_path}"], cwd=REPO, capture_output=True, text=True,
                          timeout=240)
     text = out.stdout + out.stderr
@@ -527,11 +530,11 @@ def test_an_allowed_config_change_takes_effect_from_the_first_resumed_epoch(
 def test_a_config_change_the_checkpoint_cannot_take_is_refused_naming_the_key(stopped_run, tmp_path):
     run_dir = _copy(stopped_run, tmp_path)
     before = files_snapshot(run_dir)
-    out = cli(run_dir, "trainer.epochs=2", "compressor.rank=4", "optim.momentum=0.5",
+    out = cli(run_dir, "trainer.epochs=2", "schedule.low=4", "optim.momentum=0.5",
               "trainer.allow_config_change=true")
     assert out.returncode == 2
     error = [l for l in out.stderr.splitlines() if l.startswith("error:")]
-    assert len(error) == 1 and "cannot change compressor.rank: 2 -> 4 on resume" in error[0]
+    assert len(error) == 1 and "cannot change schedule.low: 2 -> 4 on resume" in error[0]
     assert "optim.momentum" not in error[0] and "trainer.resume=never" in error[0]
     assert files_snapshot(run_dir) == before
 
@@ -545,7 +548,6 @@ def test_a_deleted_resolved_yaml_is_restored_from_the_checkpoint_and_still_guard
     assert out.returncode == 2
     error = [l for l in out.stderr.splitlines() if l.startswith("error:")]
     assert len(error) == 1 and "optim.momentum: 0.9 -> 0.5" in error[0]
-    import yaml
     assert yaml.safe_load((run_dir / "resolved.yaml").read_text()) == yaml.safe_load(original)
     assert cli(run_dir, "trainer.epochs=2").returncode == 0
 
@@ -765,6 +767,19 @@ def test_detector_options_of_a_static_run_matter_only_when_it_detects(case):
     else:
         assert set(delta) == {"schedule.detect", "schedule.eta", "schedule.interval",
                               "schedule.lr_decay_rule", "schedule.statistic"}
+
+
+@pytest.mark.parametrize("schedule, same", [("accordion", True), ("regime_windows", True),
+                                             ("static", False)])
+def test_the_compressors_level_matters_only_where_the_schedule_reads_it(schedule, same):
+    """A run made before issue 39 recorded compressor.rank: 2 under schedule=accordion, which
+    sets every layer's rank; the same run now has rank null: resuming it is no config change
+    (nor is mixing it with new seeds in a table cell). Under static the rank is the run's."""
+    from accordion_repro.rundir import config_delta
+
+    old = {"compressor": {"name": "powersgd", "rank": 2}, "schedule": {"name": schedule}}
+    new = {"compressor": {"name": "powersgd", "rank": None}, "schedule": {"name": schedule}}
+    assert config_delta(old, new) == ({} if same else {"compressor.rank": [2, None]})
 
 
 # Keys named by the run directory itself (seed<seed>, <scale.name>/<run.name>/; an experiment

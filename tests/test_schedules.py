@@ -258,6 +258,16 @@ def test_conf_defaults_are_valid_and_name_comes_first(name):
     json.dumps(schedule.info())
 
 
+@pytest.mark.parametrize("name", SCHEDULE_NAMES)
+def test_sets_levels_says_whether_the_plans_leave_the_compressors_own_level_unread(name):
+    """`sets_levels` decides whether the config refuses compressor.rank / ratio (config.py
+    check_level_owner): it must be true exactly where the plan gives every layer a level."""
+    schedule = make(name, run={"total_epochs": 300}, **conf(name))
+    levels = schedule.initial_plan().levels
+    assert schedule.sets_levels == (levels is not None)
+    assert levels is None or None not in levels
+
+
 def test_accordion_conf_defaults_match_the_paper():
     assert conf("accordion") == {"name": "accordion", "low": 2, "high": 1, "eta": 0.5,
                                  "interval": 10, "lr_decay_rule": True, "statistic": "mean"}

@@ -83,7 +83,7 @@ def test_resume_continues_identically(tmp_path, strategy):
     """Under fsdp the checkpoint holds the whole model and optimizer (gathered from the
     shards), each rank's reducer (error memory, Q) and rank 0's detector, as under ddp."""
     common = ["model=resnet18", "model.width=0.125", *SMALL_IMAGE, "compressor=powersgd",
-              "compressor.rank=1", "schedule=accordion", "schedule.low=2", "schedule.high=1",
+              "schedule=accordion", "schedule.low=2", "schedule.high=1",
               "schedule.interval=1", "trainer.epochs=3", "trainer.max_steps_per_epoch=3",
               "optim.warmup_epochs=1", "optim.decay_at=[2]", *STRATEGIES[strategy]]
     whole = train(common, tmp_path / "whole")
@@ -117,6 +117,12 @@ def test_wandb_offline_run_keeps_its_id_across_a_resume(tmp_path):
     ("dataset.name=imagenet", "dataset.name"),
     ("compressor=powersgd compressor.rank=0", "compressor.rank"),
     ("compressor=topk compressor.ratio=1.5", "compressor.ratio"),
+    # a level the schedule sets per layer would never be read; the static schedule needs one
+    ("compressor=powersgd schedule=accordion compressor.rank=4", "compressor.rank"),
+    ("compressor=powersgd schedule=accordion compressor.rank=2", "compressor.rank"),
+    ("compressor=topk schedule=regime_windows schedule.inside=0.5 schedule.outside=0.1 "
+     "compressor.ratio=0.5", "compressor.ratio"),
+    ("compressor=powersgd compressor.rank=null", "compressor.rank"),
     ("compressor=powersgd schedule=accordion schedule.eta=0", "schedule.eta"),
     ("dataset.augment=maybe", "dataset.augment"),
     ("trainer.checkpoint=maybe", "trainer.checkpoint"),
@@ -189,6 +195,18 @@ def test_cli_prints_composed_config_and_rejects_bad_values(tmp_path):
     bad = _cli(["dataset=synthetic_cifar10", "optim.lr=-1", f"hydra.run.dir={tmp_path}/bad"])
     assert bad.returncode == 2 and "optim.lr" in bad.stderr
     assert not (tmp_path / "bad" / "metrics.jsonl").exists()
+
+
+def test_a_level_the_schedule_sets_is_refused_in_one_line_naming_why(tmp_path):
+    """`schedule=accordion compressor.rank=4`: the schedule sets each layer's rank, so the rank
+    would be dead; refused before any rank starts, worded as Accordion(..., rank=4) is."""
+    out = _cli(["dataset=synthetic_cifar10", "compressor=powersgd", "schedule=accordion",
+                "compressor.rank=4", f"hydra.run.dir={tmp_path}/run"])
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 2 and lines == [
+        "error: compressor.rank: schedule 'accordion' takes no compressor.rank: the schedule sets "
+        "each layer's rank, so it would never be read (got 4); leave it unset"], out.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
 @pytest.mark.slow

@@ -220,6 +220,10 @@ class Schedule:
     name = "schedule"
     Settings: type[Settings]
     batch_low_option: str | None = None  # the option holding B_low, for batch schedules
+    # True: every plan sets each layer's compression level, so the compressor's own level
+    # (compressor.rank / ratio) is never read; the config refuses one (config.py
+    # reject_unread_level), as AdaptiveCompression refuses rank= (ddp.py).
+    sets_levels = False
 
     def __init__(self, num_layers: int, settings=None, *, default_level=None,
                  base_global_batch: int | None = None):
@@ -394,6 +398,7 @@ class AccordionSchedule(_DetectorDriven):
     """The paper's rule for compression: `low` in critical regimes, `high` outside, per layer."""
 
     name = "accordion"
+    sets_levels = True
     Settings = AccordionSettings
 
     def initial_plan(self) -> Plan:
@@ -458,6 +463,7 @@ class JointSchedule(_DetectorDriven):
     one detector sets each layer's compression level and the global batch together."""
 
     name = "joint"
+    sets_levels = True
     Settings = JointSettings
     batch_low_option = "batch_low"
 
@@ -491,6 +497,7 @@ class RegimeWindowsSchedule(Schedule):
     """
 
     name = "regime_windows"
+    sets_levels = True
     Settings = RegimeWindowsSettings
 
     def in_window(self, epoch: int) -> bool:

@@ -126,6 +126,7 @@ class _ShapedSchedule(Schedule):
     """A schedule that needs each compressible layer's (n, m)."""
 
     layer_shapes_needed = True  # build_schedule passes its layer_shapes on
+    sets_levels = True  # per layer, from its shape (and the epoch, or a measurement)
 
     def __init__(self, num_layers: int, settings=None, *, layer_shapes=None, **kwargs):
         if layer_shapes is None or len(layer_shapes) != num_layers:

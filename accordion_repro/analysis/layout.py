@@ -1,8 +1,8 @@
 """The paper's tables and figures as data: which preset fills which cell.
 
-One structure serves both sides: the table builder groups runs by it, and tests/test_presets.py
-checks against it that conf/experiment/ holds exactly one preset per cell (`run.name`), so the
-hand-written presets and the tables cannot drift apart.
+One structure serves both sides: the table builder groups runs by it, and conf/experiment/ is
+written from it (analysis/presets.py renders one preset per cell, `run.name`; tests/test_presets.py
+checks that the committed files are that rendering), so which cells exist is said once.
 A run belongs to a table cell when its `run.table`, `model.name` and `run.method` match the cell;
 the preset name is what the user is told to run when a cell is empty.
 

@@ -90,7 +90,10 @@ class Reducer:
         self._fold_dense = self.CARRIES_DENSE
 
     def _check_level(self, level):
+        """A valid level of this compressor; None (a reducer's own level only) stays None."""
         option, kind = SETTINGS[self.name].LEVEL
+        if level is None:
+            return None
         if kind is None:
             raise ValueError(f"compressor {self.name!r} takes no levels, got {level!r}")
         return check_level(kind, level, f"compressor.{option}")
@@ -102,6 +105,12 @@ class Reducer:
         """Reallocate what belongs to `layer` only; its error memory is kept."""
 
     def _normalized_levels(self, levels) -> list:
+        option = SETTINGS[self.name].LEVEL[0]
+        if option is not None and self.default_level is None and \
+                (levels is None or any(lv is None for lv in levels)):
+            raise ValueError(f"{self.name}: a layer has no {option}: this reducer was built with "
+                             f"{option}=None (a schedule sets each layer's), so set_levels must "
+                             f"give every layer one, got {levels!r}")
         if levels is None or self.default_level is None and all(lv is None for lv in levels):
             return [self.default_level] * self.num_compressible
         levels = list(levels)

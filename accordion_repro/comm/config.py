@@ -3,7 +3,8 @@
 The dataclasses are where the compressors' defaults live (the reducers are used without Hydra,
 through build_reducer and AccordionHookState); conf/compressor/*.yaml repeats none of them and
 gets them through config.register_defaults. The level option (`rank`, `ratio`) has no default
-here: conf/ gives it, and a caller of build_reducer must.
+here: conf/ gives it (null under a schedule that sets every layer's level), and a caller of
+build_reducer must.
 """
 
 from __future__ import annotations
@@ -17,8 +18,13 @@ from ..options import Options, Settings, is_int, is_real, option
 
 
 def _level(kind: type):
-    """The reader of a compressor's level option (`rank` or `ratio`)."""
-    return lambda options, name: check_level(kind, options.get(name), options.key(name))
+    """The reader of a compressor's level option (`rank` or `ratio`). null: no level of its own,
+    for a reducer whose every layer's level a schedule sets (the reducer then refuses to reduce
+    before set_levels; config.check_level_owner requires a level under any other schedule)."""
+    def read(options, name):
+        value = options.get(name)
+        return None if value is None else check_level(kind, value, options.key(name))
+    return read
 
 
 @dataclass(frozen=True)
@@ -33,7 +39,7 @@ class DenseSettings(Settings):
 class PowerSGDSettings(Settings):
     SECTION = "compressor"
     LEVEL: ClassVar[tuple] = ("rank", int)
-    rank: int = option(_level(int))  # per-layer rank unless a schedule sets levels
+    rank: int | None = option(_level(int))  # per-layer rank unless a schedule sets levels
     error_feedback: bool = option(Options.flag, default=True)  # M = grad + memory, memory = M - out
     warm_start: bool = option(Options.flag, default=True)  # reuse the previous step's averaged Q
     seed: int = option(Options.integer, minimum=0, default=0)  # seeds the random Q's (conf: ${seed})
@@ -46,7 +52,7 @@ class ACPPowerSGDSettings(Settings):
 
     SECTION = "compressor"
     LEVEL: ClassVar[tuple] = ("rank", int)
-    rank: int = option(_level(int))  # per-layer rank unless a schedule sets levels
+    rank: int | None = option(_level(int))  # per-layer rank unless a schedule sets levels
     error_feedback: bool = option(Options.flag, default=True)  # M = grad + memory, memory = M - out
     seed: int = option(Options.integer, minimum=0, default=0)  # seeds the first Q's (conf: ${seed})
 
@@ -55,7 +61,7 @@ class ACPPowerSGDSettings(Settings):
 class TopKSettings(Settings):
     SECTION = "compressor"
     LEVEL: ClassVar[tuple] = ("ratio", float)
-    ratio: float = option(_level(float))  # kept fraction of each layer, in (0, 1]
+    ratio: float | None = option(_level(float))  # kept fraction of each layer, in (0, 1]
     error_feedback: bool = option(Options.flag, default=True)  # memory = M - what was sent
     official_topk: bool = option(Options.flag, default=False)  # the released code: sum, no memory
 
