@@ -25,7 +25,7 @@ def test_no_script_or_benchmark_edits_sys_path():
 
 def test_every_benchmark_script_is_the_command_line_of_a_benchmarks_module():
     scripts = sorted((REPO / "scripts").glob("bench_*.py"))
-    assert len(scripts) == 7
+    assert len(scripts) == 8
     for path in scripts:
         text = path.read_text()
         found = re.search(r"^from (benchmarks\.\w+) import main$", text, flags=re.M)

@@ -38,8 +38,16 @@ def layer_cost(shape: tuple[int, int], rank: int) -> int:
 
 def rank_errors(matrix: torch.Tensor, ranks: Sequence[int]) -> list[float]:
     """||M - M_r||_F of the best rank-r approximation for each r: the root of the sum of the
-    squared singular values past the r-th (0 from r = min(n, m) on), in float64."""
-    singular = torch.linalg.svdvals(matrix.detach().to(torch.float64)).cpu()
+    squared singular values past the r-th (0 from r = min(n, m) on), in float64.
+
+    A wide matrix is decomposed as its transpose (the same singular values): LAPACK's path for
+    a tall one reduces it by QR first, and took 4 s against 15.5 s for a 512 x 4608 layer on 2
+    loaded cores (its 21 layers made one full-width ResNet-18 check take minutes).
+    """
+    matrix = matrix.detach()
+    if matrix.shape[0] < matrix.shape[1]:
+        matrix = matrix.T
+    singular = torch.linalg.svdvals(matrix.to(torch.float64)).cpu()
     # tail[i] = sum of s_j^2 over j >= i
     tail = torch.flip(torch.cumsum(torch.flip(singular.square(), [0]), 0), [0])
     return [float(tail[r].sqrt()) if r < len(tail) else 0.0 for r in ranks]
