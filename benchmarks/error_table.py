@@ -3,7 +3,7 @@
 The table is one `svdvals` per layer (PowerSGD ranks) or one `topk` of the squared entries
 (Top-K fractions); the SVDs dominate, the widest layers most. Each configuration fills the
 model's layer shapes with `torch.randn` and times the whole table (median of `--repeats`
-after one warm-up), beside the SVD of the same matrices as given, the way
+interleaved rounds after one warm-up round), beside the SVD of the same matrices as given, the way
 `lgreco.rank_errors` took it before it decomposed a wide matrix as its tall transpose
 (-> results/bench/error_table.csv).
 """
@@ -34,15 +34,17 @@ def layer_matrices(model_name: str, width: float, seed: int = 0) -> list[torch.T
             for p in model.parameters() if p.dim() > 1]
 
 
-def seconds(work, repeats: int) -> float:
-    """Median wall seconds of `work()` over `repeats`, after one untimed call."""
-    work()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        work()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def interleaved_seconds(works: dict, repeats: int) -> dict[str, float]:
+    """Median wall seconds of each `works` entry over `repeats` rounds that time every entry in
+    turn (after one untimed round), so a change of the machine's load reaches all alike."""
+    times: dict[str, list[float]] = {name: [] for name in works}
+    for round_ in range(repeats + 1):
+        for name, work in works.items():
+            start = time.perf_counter()
+            work()
+            if round_:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def main(argv=None) -> None:
@@ -65,9 +67,9 @@ def main(argv=None) -> None:
                                                   for m in mats],
             "topk fractions table": lambda: [fractions.errors(m, fractions.levels) for m in mats],
         }
-        for name, work in timed.items():
+        for name, median in interleaved_seconds(timed, args.repeats).items():
             rows.append({"model": args.model, "width": width, "layers": len(mats), "table": name,
-                         "median_s": round(seconds(work, args.repeats), 3),
+                         "median_s": round(median, 3),
                          "repeats": args.repeats, "threads": torch.get_num_threads(),
                          "load_avg_1m": round(os.getloadavg()[0], 2), "cpus": os.cpu_count()})
             print(rows[-1])
