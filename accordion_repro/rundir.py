@@ -131,15 +131,16 @@ def move_aside(run_dir: Path) -> Path | None:
     return target
 
 
-def check_existing_run(run_dir: Path, resolved: dict) -> dict[str, list]:
+def check_existing_run(run_dir: Path, resolved: dict, trainer: TrainerSettings) -> dict[str, list]:
     """Refuse a changed config, an unreadable checkpoint or a gap in metrics.jsonl; return the
     delta that was allowed.
 
+    `resolved` is the run's record (compared key by key with the run already there); `trainer`
+    its checked settings (RunSettings.trainer), which say whether to resume and allow a change.
     With trainer.resume=never an existing run is moved aside first (nothing is compared).
     """
     run_dir = Path(run_dir)
     remove_interrupted_writes(run_dir)
-    trainer = TrainerSettings.from_config(resolved["trainer"])
     if trainer.resume == "never":
         moved = move_aside(run_dir)
         if moved is not None:

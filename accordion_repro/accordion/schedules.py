@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 from ..comm.config import check_level, level_kind
 from ..errors import ConfigError
 from ..options import Options, Settings, as_epoch, option
+from ..settings import require_settings
 from .detector import CriticalRegimeDetector, DetectorSettings
 
 # How per-layer flags become the one model-wide decision a batch size needs.
@@ -329,8 +330,8 @@ class StaticSchedule(Schedule):
 
 def _detector(schedule: Schedule) -> CriticalRegimeDetector:
     """The detector a schedule's options describe, deciding in the schedule's units."""
-    detector = {f.name: getattr(schedule.settings, f.name) for f in fields(DetectorSettings)}
-    return CriticalRegimeDetector(schedule.num_layers, granularity=schedule.granularity, **detector)
+    return CriticalRegimeDetector(schedule.num_layers, granularity=schedule.granularity,
+                                  settings=schedule.settings)
 
 
 def _expect_flags(schedule: Schedule, critical: Sequence[bool] | None) -> list[bool]:
@@ -556,15 +557,24 @@ def validate_schedule(name, options: Mapping, /, *, compressor: str, world_size:
 
 def build_schedule(name: str, /, *, num_layers: int, compressor: str, default_level,
                    base_global_batch: int, world_size: int, total_epochs: int | None = None,
-                   layer_shapes=None, **options) -> Schedule:
+                   layer_shapes=None, settings=None, **options) -> Schedule:
     """A ready schedule; the engine gets its detector from `schedule.make_detector()`.
 
-    `options` may be the whole schedule config node, `name` included (`**cfg.schedule`).
+    `options` may be the whole schedule config node, `name` included (`**cfg.schedule`); or
+    `settings` is the schedule's Settings, already checked (the trainer's RunSettings.schedule,
+    which validate_schedule made with the same compressor, world size and epochs).
     `default_level` is the compressor's own level, reported for layers no plan sets.
     `layer_shapes`: the (n, m) of each compressible layer (the reducer's `matrix_shapes`),
     needed by the schedules that weigh layers by size (lgreco, lgreco_accordion, phase_rule).
     """
-    cls, settings = _parse(name, options, compressor, world_size, total_epochs)
+    if settings is None:
+        cls, settings = _parse(name, options, compressor, world_size, total_epochs)
+    else:
+        cls = SCHEDULES[name]
+        require_settings(settings, cls.Settings, f"build_schedule({name!r})",
+                         "RunSettings.schedule, or the options as keywords")
+        if options:
+            raise TypeError(f"build_schedule({name!r}) takes settings= or keywords, not both")
     shaped = {"layer_shapes": layer_shapes} if hasattr(cls, "layer_shapes_needed") else {}
     return cls(num_layers, settings, default_level=default_level,
                base_global_batch=base_global_batch, **shaped)

@@ -76,6 +76,21 @@ def validate_compressor(name: str, options: Mapping):
     return _settings_class(name).from_config(options, owner=f"compressor {name!r}")
 
 
+def name_of(settings: Settings) -> str:
+    """The compressor a settings object belongs to ('powersgd' for PowerSGDSettings)."""
+    for name, cls in SETTINGS.items():
+        if type(settings) is cls:
+            return name
+    raise TypeError(f"{type(settings).__name__} is not a compressor's settings "
+                    f"(those of {', '.join(sorted(SETTINGS))})")
+
+
+def level_of(settings: Settings):
+    """The compressor's own level from its checked settings: a rank, a ratio, or None."""
+    option = type(settings).LEVEL[0]
+    return None if option is None else getattr(settings, option)
+
+
 def level_kind(name: str) -> type | None:
     """int for (ACP-)PowerSGD ranks, float for Top-K kept fractions, None for dense all-reduce."""
     return _settings_class(name).LEVEL[1]
