@@ -110,3 +110,70 @@ def test_a_config_change_reaches_the_trainer_in_the_settings(run):
 
     changed = dataclasses.replace(run, config_change={"optim.lr": [0.1, 0.2]})
     assert changed.config_change == {"optim.lr": [0.1, 0.2]} and changed.trainer is run.trainer
+
+
+# ---- help text on every option, listed in docs/options.md ----------------------------------
+def test_docs_options_page_is_generated_from_the_help_of_every_option():
+    """docs/options.md is `python -m accordion_repro.settings`'s output, as committed."""
+    import dataclasses
+
+    from accordion_repro.settings import options_page, settings_classes
+    from conftest import REPO
+
+    page = options_page()
+    assert (REPO / "docs" / "options.md").read_text() == page, (
+        "docs/options.md is stale: python -m accordion_repro.settings > docs/options.md")
+    for section, choice, cls in settings_classes():
+        for f in dataclasses.fields(cls):
+            assert f.metadata["help"].strip() and f.metadata["help"] in page.replace("\\|", "|")
+    assert "| `eta` | `0.5` | changeable | a layer is critical when" in page
+
+
+def test_an_option_without_help_is_refused_where_it_is_declared():
+    from accordion_repro.options import Options, option
+
+    with pytest.raises(TypeError, match="help"):
+        option(Options.integer)
+    with pytest.raises(ValueError, match="give help="):
+        option(Options.integer, help=" ")
+    with pytest.raises(ValueError, match="on_resume"):
+        option(Options.integer, help="x", on_resume="sometimes")
+
+
+# ---- the key lists of rundir.py and analysis/consistency.py come from the classes -----------
+def test_the_run_directory_key_lists_are_the_options_marked_on_the_classes():
+    """The lists rundir.py and consistency.py once spelled out as strings, now read off the
+    options' on_resume / added marks (the same keys as before the change)."""
+    from accordion_repro import rundir
+    from accordion_repro.analysis import consistency
+
+    assert rundir.IGNORED_KEYS == {
+        "trainer.resume", "trainer.progress", "trainer.stop_after_epoch",
+        "trainer.allow_config_change", "dist.master_port", "dist.master_addr", "dist.timeout_s",
+        "dataset.cache_dir", "dataset.root", "dataset.download"}
+    optim = {f"optim.{name}" for name in (
+        "lr", "momentum", "weight_decay", "warmup_epochs", "decay_factor", "reference_batch",
+        "clip_grad_norm", "clip_point", "nesterov", "decay_at", "official_off_by_one",
+        "official_decay_compare")}
+    assert rundir.CHANGEABLE_KEYS == optim | {
+        "trainer.epochs", "trainer.max_steps_per_epoch", "trainer.max_eval_steps",
+        "trainer.eval_batch_size", "trainer.nan_policy", "trainer.checkpoint",
+        "trainer.num_workers", "dataset.augment", "dataset.rotation_degrees",
+        "schedule.eta", "schedule.interval", "schedule.lr_decay_rule", "schedule.statistic"}
+    assert not rundir.changeable_on_resume("optim.name") and rundir.changeable_on_resume("run.name")
+    assert rundir.ADDED_KEYS == {"trainer.precision": "fp32", "trainer.channels_last": False,
+                                 "dataset.pipeline": "pil", "schedule.detect": False,
+                                 "model.width": 1.0, "dist.strategy": "ddp"}
+    assert rundir.DETECTOR_KEYS == {"schedule.eta", "schedule.interval", "schedule.lr_decay_rule",
+                                    "schedule.statistic"}
+    assert consistency.PER_SEED_KEYS == {"seed", "compressor.seed"}
+    assert consistency.WATCHING_KEYS == {"schedule.detect", *rundir.DETECTOR_KEYS}
+
+
+def test_a_key_named_through_its_class_breaks_when_the_option_is_renamed():
+    from accordion_repro.accordion.detector import DetectorSettings
+    from accordion_repro.settings import key_of
+
+    assert key_of(DetectorSettings, "eta") == "schedule.eta"
+    with pytest.raises(KeyError, match="DetectorSettings has no option 'etta'"):
+        key_of(DetectorSettings, "etta")

@@ -102,21 +102,38 @@ def _optional_rank(o: ScheduleOptions, option_name: str) -> int | None:
 class AutoSettings(DetectorSettings):
     # the relative error e(r) = ||G - G_r|| / ||G|| the low level must reach, and the looser
     # one of the high level
-    error_low: float = option(Options.number, high=1.0, closed="high", default=0.5)
-    error_high: float = option(Options.number, high=1.0, closed="high", default=0.75)
-    max_rank: int = option(_rank, default=16)  # candidates 1, 2, 4, ..., max_rank (PowerSGD only)
+    error_low: float = option(
+        Options.number, high=1.0, closed="high", default=0.5,
+        help="the relative error ||G - G_r|| / ||G|| the low level must reach")
+    error_high: float = option(
+        Options.number, high=1.0, closed="high", default=0.75,
+        help="the looser error the high level must reach")
+    max_rank: int = option(
+        _rank, default=16,
+        help="the largest candidate rank (candidates 1, 2, 4, ..., max_rank; PowerSGD only)")
     # pin an endpoint to a rank instead (null: chosen from the error target)
-    low: int | None = option(_optional_rank, default=None)
-    high: int | None = option(_optional_rank, default=None)
+    low: int | None = option(
+        _optional_rank, default=None,
+        help="pin the low level to this rank (null: chosen from error_low)")
+    high: int | None = option(
+        _optional_rank, default=None,
+        help="pin the high level to this rank (null: chosen from error_high)")
     # the share of layers to run at low after each check (null: eta as given)
-    low_share: float | None = option(Options.number, high=1.0, closed="low+high", optional=True,
-                                     default=None)
-    eta_floor: float = option(Options.number, closed="low", default=0.0)
+    low_share: float | None = option(
+        Options.number, high=1.0, closed="low+high", optional=True, default=None,
+        help="the share of layers to run at low after each check (null: eta as given)")
+    eta_floor: float = option(
+        Options.number, closed="low", default=0.0,
+        help="the floor of the eta a low_share sets")
     # a traffic budget for the high level instead of error_high: the floats one step may send
     # with every layer at `high`, as a share of the dense gradient's; the DP's grid in steps of it
-    budget: float | None = option(Options.number, high=1.0, closed="high", optional=True,
-                                  default=None)
-    bins: int = option(Options.integer, default=10_000)
+    budget: float | None = option(
+        Options.number, high=1.0, closed="high", optional=True, default=None,
+        help="a traffic budget for the high level instead of error_high, as a share of the dense "
+             "gradient's floats")
+    bins: int = option(
+        Options.integer, default=10_000,
+        help="steps of the dynamic programme's error grid")
 
     def __post_init__(self):
         if self.error_high < self.error_low:

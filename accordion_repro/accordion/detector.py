@@ -32,10 +32,20 @@ class DetectorSettings(Settings):
     """
 
     SECTION = "schedule"
-    eta: float = option(Options.number, default=0.5)  # critical when |prev - cur| / prev >= eta
-    interval: int = option(Options.integer, default=10)  # epochs between checks
-    lr_decay_rule: bool = option(Options.flag, default=True)  # all critical before an LR decay
-    statistic: str = option(Options.choice, STATISTICS, default="mean")  # mean step grad, or sum
+    eta: float = option(
+        Options.number, default=0.5, on_resume="changeable",
+        help="a layer is critical when its epoch-gradient norm changed by at least this share: "
+             "|prev - cur| / prev >= eta")
+    interval: int = option(
+        Options.integer, default=10, on_resume="changeable",
+        help="epochs between two checks of the detector")
+    lr_decay_rule: bool = option(
+        Options.flag, default=True, on_resume="changeable",
+        help="send every layer to critical before a learning-rate decay")
+    statistic: str = option(
+        Options.choice, STATISTICS, default="mean", on_resume="changeable",
+        help="the norm of the mean step gradient (mean) or of the epoch sum (sum, the official "
+             "code's)")
 
 
 class CriticalRegimeDetector:

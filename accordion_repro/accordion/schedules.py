@@ -158,13 +158,17 @@ def _batch_pair(low_option: str, low: int, high_option: str, high: int) -> None:
 @dataclass(frozen=True, kw_only=True)
 class StaticSettings(DetectorSettings):
     # true: run the detector beside a fixed level and log what it would flag (never acted on)
-    detect: bool = option(Options.flag, default=False)
+    detect: bool = option(
+        Options.flag, default=False, added=False,
+        help="run the detector beside the fixed level and log what it would flag (never acted on)")
 
 
 @dataclass(frozen=True, kw_only=True)
 class AccordionSettings(DetectorSettings):
-    low: int | float = option(_level)   # level inside critical regimes (conf gives it)
-    high: int | float = option(_level)  # level outside them
+    low: int | float = option(
+        _level,
+        help="the compression level inside critical regimes (a rank or a kept fraction)")
+    high: int | float = option(_level, help="the compression level outside critical regimes")
 
     def __post_init__(self):
         _level_pair("low", self.low, "high", self.high)
@@ -173,18 +177,30 @@ class AccordionSettings(DetectorSettings):
 @dataclass(frozen=True, kw_only=True)
 class BatchChoices(Settings):
     # lr_scale = B / B_low | sqrt | none
-    lr_scaling: str = option(Options.choice, LR_SCALINGS, default="linear")
+    lr_scaling: str = option(
+        Options.choice, LR_SCALINGS, default="linear",
+        help="lr_scale = B / B_low (linear), its square root (sqrt) or none")
     # batch from the whole-model norm | any | majority of layers
-    decision: str = option(Options.choice, BATCH_DECISIONS, default="model_norm")
+    decision: str = option(
+        Options.choice, BATCH_DECISIONS, default="model_norm",
+        help="the batch from the whole-model norm (model_norm), any layer (any) or the majority of"
+             " layers")
 
 
 @dataclass(frozen=True, kw_only=True)
 class BatchAccordionSettings(BatchChoices, DetectorSettings):
-    low: int = option(_global_batch)   # B_low, global (conf gives it)
-    high: int = option(_global_batch)  # B_high, global
+    low: int = option(
+        _global_batch,
+        help="B_low: the global batch inside critical regimes (trainer.batch_size x world size)")
+    high: int = option(_global_batch, help="B_high: the global batch outside critical regimes")
     # the paper's rule | fixed_epoch: B_low before switch_epoch (the released logs)
-    mode: str = option(Options.choice, BATCH_MODES, default="detector")
-    switch_epoch: int | float = option(_epoch, default=0.0666666667)  # or a fraction: 20 of 300
+    mode: str = option(
+        Options.choice, BATCH_MODES, default="detector",
+        help="detector: the paper's rule; fixed_epoch: B_low before switch_epoch (the released "
+             "logs)")
+    switch_epoch: int | float = option(
+        _epoch, default=0.0666666667,
+        help="the epoch (or fraction of the run: 20 of 300) where fixed_epoch switches to B_high")
 
     def __post_init__(self):
         _batch_pair("low", self.low, "high", self.high)
@@ -192,10 +208,10 @@ class BatchAccordionSettings(BatchChoices, DetectorSettings):
 
 @dataclass(frozen=True, kw_only=True)
 class JointSettings(BatchChoices, DetectorSettings):
-    low: int | float = option(_level)  # compression level inside critical regimes (conf gives
-    high: int | float = option(_level)  # the four bounds)
-    batch_low: int = option(_global_batch)  # global batch inside critical regimes
-    batch_high: int = option(_global_batch)
+    low: int | float = option(_level, help="the compression level inside critical regimes")
+    high: int | float = option(_level, help="the compression level outside critical regimes")
+    batch_low: int = option(_global_batch, help="the global batch inside critical regimes")
+    batch_high: int = option(_global_batch, help="the global batch outside critical regimes")
 
     def __post_init__(self):
         _level_pair("low", self.low, "high", self.high)
@@ -206,9 +222,11 @@ class JointSettings(BatchChoices, DetectorSettings):
 class RegimeWindowsSettings(Settings):
     SECTION = "schedule"
     # [start, end) epoch pairs, or fractions of the run (conf gives all three)
-    windows: list = option(_windows)
-    inside: int | float = option(_level)
-    outside: int | float = option(_level)
+    windows: list = option(
+        _windows,
+        help="[start, end) epoch pairs, or fractions of the run, that are critical")
+    inside: int | float = option(_level, help="the compression level inside the windows")
+    outside: int | float = option(_level, help="the compression level outside them")
 
 
 class Schedule:

@@ -33,10 +33,18 @@ class DenseSettings(Settings):
 class PowerSGDSettings(Settings):
     SECTION = "compressor"
     LEVEL: ClassVar[tuple] = ("rank", int)
-    rank: int = option(_level(int))  # per-layer rank unless a schedule sets levels
-    error_feedback: bool = option(Options.flag, default=True)  # M = grad + memory, memory = M - out
-    warm_start: bool = option(Options.flag, default=True)  # reuse the previous step's averaged Q
-    seed: int = option(Options.integer, minimum=0, default=0)  # seeds the random Q's (conf: ${seed})
+    rank: int = option(
+        _level(int),
+        help="PowerSGD rank of every layer, unless a schedule sets levels")
+    error_feedback: bool = option(
+        Options.flag, default=True,
+        help="error feedback: M = grad + memory, memory = M - what was sent")
+    warm_start: bool = option(
+        Options.flag, default=True,
+        help="start each step's power iteration from the previous step's averaged Q")
+    seed: int = option(
+        Options.integer, minimum=0, default=0,
+        help="seeds the random Q's (conf ties it to ${seed})")
 
 
 @dataclass(frozen=True)
@@ -46,18 +54,31 @@ class ACPPowerSGDSettings(Settings):
 
     SECTION = "compressor"
     LEVEL: ClassVar[tuple] = ("rank", int)
-    rank: int = option(_level(int))  # per-layer rank unless a schedule sets levels
-    error_feedback: bool = option(Options.flag, default=True)  # M = grad + memory, memory = M - out
-    seed: int = option(Options.integer, minimum=0, default=0)  # seeds the first Q's (conf: ${seed})
+    rank: int = option(
+        _level(int),
+        help="ACP-SGD rank of every layer, unless a schedule sets levels")
+    error_feedback: bool = option(
+        Options.flag, default=True,
+        help="error feedback: M = grad + memory, memory = M - what was sent")
+    seed: int = option(
+        Options.integer, minimum=0, default=0,
+        help="seeds the first Q's (conf ties it to ${seed})")
 
 
 @dataclass(frozen=True)
 class TopKSettings(Settings):
     SECTION = "compressor"
     LEVEL: ClassVar[tuple] = ("ratio", float)
-    ratio: float = option(_level(float))  # kept fraction of each layer, in (0, 1]
-    error_feedback: bool = option(Options.flag, default=True)  # memory = M - what was sent
-    official_topk: bool = option(Options.flag, default=False)  # the released code: sum, no memory
+    ratio: float = option(
+        _level(float),
+        help="Top-K: the fraction of each layer's entries kept, in (0, 1], unless a schedule sets "
+             "levels")
+    error_feedback: bool = option(
+        Options.flag, default=True,
+        help="error feedback: memory = M - what was sent")
+    official_topk: bool = option(
+        Options.flag, default=False,
+        help="the released code's Top-K: sum the selections, no memory")
 
 
 SETTINGS: dict[str, type] = {"none": DenseSettings, "powersgd": PowerSGDSettings,

@@ -112,8 +112,7 @@ def _official_inclusive(optim: OptimSettings, schedule: list[tuple[int, int]]) -
 
 
 def build_epoch_lr(optim, *, total_epochs: int, world_size: int, batch_size: int) -> EpochLR:
-    require_settings(optim, OptimSettings, "build_epoch_lr", "RunSettings.optim, or "
-                     "OptimSettings.from_config(node)")
+    require_settings(optim, OptimSettings, "build_epoch_lr", "RunSettings.optim")
     schedule = _decay_schedule(optim.decay_at, total_epochs)
     official = bool(optim.official_off_by_one)
     return EpochLR(
