@@ -3,7 +3,8 @@
 Every check here exists so that a typo or an out-of-range value costs the user one second, not
 a queued Slurm job: the message names the key. Checks that belong to a package (compressor
 options, schedule levels, dataset files) are delegated to that package's own validator, so the
-rules live in one place.
+rules live in one place. What the checks read is kept: validate returns it as RunSettings
+(settings.py), which the ranks and every component take instead of the config.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from accordion_repro.comm.config import SETTINGS as COMPRESSOR_SETTINGS, compres
 from accordion_repro.env import env_rank
 from accordion_repro.errors import ConfigError, ConfigWarning
 from accordion_repro.options import Options, defaults_of
+from accordion_repro.settings import RunSettings
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -149,14 +151,13 @@ def _warn_if_bf16_is_emulated(t) -> None:
             capability=torch.backends.cpu.get_cpu_capability()), file=sys.stderr)
 
 
-def validate(cfg: DictConfig) -> "RunSettings":
+def validate(cfg: DictConfig) -> RunSettings:
     """The run's RunSettings, every option read and checked once; ConfigError (or
     DatasetMissingError) for anything that would fail later."""
     from accordion_repro.accordion import SCHEDULES, validate_schedule
     from accordion_repro.comm import validate_compressor
     from accordion_repro.data import DATASET_NAMES, check_dataset, dataset_settings
     from accordion_repro.models.factory import MODEL_NAMES, model_settings
-    from accordion_repro.settings import RunSettings
 
     # Names first: other values may be looked up by them (scale maps are keyed by dataset).
     model_name, dataset_name = cfg.model.get("name"), cfg.dataset.get("name")
