@@ -3,7 +3,8 @@
 Every check here exists so that a typo or an out-of-range value costs the user one second, not
 a queued Slurm job: the message names the key. Checks that belong to a package (compressor
 options, schedule levels, dataset files) are delegated to that package's own validator, so the
-rules live in one place.
+rules live in one place. What the checks read is kept: validate returns it as RunSettings
+(settings.py), which the ranks and every component take instead of the config.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from accordion_repro.comm.config import check_level, level_kind, level_option
 from accordion_repro.env import env_rank
 from accordion_repro.errors import ConfigError, ConfigWarning
 from accordion_repro.options import Options, defaults_of
+from accordion_repro.settings import RunSettings
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -100,14 +102,13 @@ register_resolvers()
 register_defaults()
 
 
-def world_size_of(cfg: Mapping) -> int:
-    """The number of ranks this config will run on (environment of torchrun / Slurm first)."""
-    from accordion_repro.engine.settings import DistSettings
+def world_size_of(dist_settings) -> int:
+    """The number of ranks a run with these DistSettings will run on (the environment of
+    torchrun / Slurm first)."""
     from accordion_repro.env import env_world_size
 
-    settings = DistSettings.from_config(cfg["dist"])
-    env = env_world_size() if settings.launcher != "spawn" else None
-    return env if env is not None else settings.nproc_per_node
+    env = env_world_size() if dist_settings.launcher != "spawn" else None
+    return env if env is not None else dist_settings.nproc_per_node
 
 
 def _conf_keys(group: str) -> list[str]:
@@ -162,7 +163,7 @@ def check_level_owner(compressor: str, options: Mapping, schedule: str) -> None:
                                "leave it unset")
 
 
-def _check_fsdp(c: dict, t, world: int) -> None:
+def _check_fsdp(t, world: int) -> None:
     """dist.strategy=fsdp refuses, before any rank starts, what it cannot shard (one line each)."""
     _require(world >= 2, "dist.strategy",
              f"fsdp needs 2 or more ranks, got {world}: with one, FSDP reduces nothing and the "
@@ -182,12 +183,13 @@ def _warn_if_bf16_is_emulated(t) -> None:
             capability=torch.backends.cpu.get_cpu_capability()), file=sys.stderr)
 
 
-def validate(cfg: DictConfig) -> None:
-    """Raise ConfigError (or DatasetMissingError) for anything that would fail later."""
+def validate(cfg: DictConfig) -> RunSettings:
+    """The run's RunSettings, every option read and checked once; ConfigError (or
+    DatasetMissingError) for anything that would fail later."""
     from accordion_repro.accordion import SCHEDULES, validate_schedule
     from accordion_repro.comm import validate_compressor
-    from accordion_repro.data import DATASET_NAMES, check_dataset
-    from accordion_repro.models.factory import MODEL_NAMES, SETTINGS as MODEL_SETTINGS
+    from accordion_repro.data import DATASET_NAMES, check_dataset, dataset_settings
+    from accordion_repro.models.factory import MODEL_NAMES, model_settings
 
     # Names first: other values may be looked up by them (scale maps are keyed by dataset).
     model_name, dataset_name = cfg.model.get("name"), cfg.dataset.get("name")
@@ -200,6 +202,7 @@ def validate(cfg: DictConfig) -> None:
     except InterpolationResolutionError as exc:
         key = getattr(exc, "full_key", None) or "config"
         raise ConfigError(str(key), f"cannot be resolved: {exc.msg if hasattr(exc, 'msg') else exc}") from None
+    c.pop("hydra", None)
 
     from accordion_repro.engine.lr import build_epoch_lr
     from accordion_repro.engine.settings import DistSettings, OptimSettings, TrainerSettings
@@ -217,11 +220,13 @@ def validate(cfg: DictConfig) -> None:
         for warning in caught:
             print(f"warning: {warning.message}", file=sys.stderr)
         _warn_if_bf16_is_emulated(t)
-    if DistSettings.from_config(c["dist"], owner="dist").strategy == "fsdp":
-        _check_fsdp(c, t, world_size_of(c))
+    dist_settings = DistSettings.from_config(c["dist"], owner="dist")
+    world = world_size_of(dist_settings)
+    if dist_settings.strategy == "fsdp":
+        _check_fsdp(t, world)
     model = dict(c["model"])
-    MODEL_SETTINGS[model.pop("name")].from_config(model, owner=f"model {model_name!r}")
-    WandbSettings.from_config(c["logger"]["wandb"], owner="logger.wandb")
+    model_options = model_settings(model.pop("name"), model)
+    wandb = WandbSettings.from_config(c["logger"]["wandb"], owner="logger.wandb")
 
     is_text = c["model"]["name"] == "lstm"
     dataset_is_text = c["dataset"]["name"] in ("wikitext2", "synthetic_text")
@@ -232,18 +237,23 @@ def validate(cfg: DictConfig) -> None:
 
     comp = dict(c["compressor"])
     comp_name = comp.pop("name")
-    validate_compressor(comp_name, comp)
-    world = world_size_of(c)
+    compressor = validate_compressor(comp_name, comp)
     sched = dict(c["schedule"])
     sched_name = sched.pop("name")
     check_level_owner(comp_name, comp, sched_name)
     base = t.batch_size * world
-    settings = validate_schedule(sched_name, sched, compressor=comp_name, world_size=world,
+    schedule = validate_schedule(sched_name, sched, compressor=comp_name, world_size=world,
                                  total_epochs=t.epochs)
     # The batch schedules scale the LR from B_low, so B_low must be the batch the LR is set for.
     b_low = SCHEDULES[sched_name].batch_low_option
     if b_low is not None:
-        _require(getattr(settings, b_low) == base, f"schedule.{b_low}",
+        _require(getattr(schedule, b_low) == base, f"schedule.{b_low}",
                  f"B_low must equal trainer.batch_size x world size = {t.batch_size} x {world} "
-                 f"= {base} (the batch the LR schedule is set for), got {getattr(settings, b_low)}")
-    check_dataset(c["dataset"])
+                 f"= {base} (the batch the LR schedule is set for), got {getattr(schedule, b_low)}")
+    dataset = dataset_settings(c["dataset"])
+    check_dataset(dataset)
+    return RunSettings(
+        seed=Options("", c).integer("seed", minimum=0), scale=c["scale"]["name"], trainer=t,
+        optim=optim, dist=dist_settings, model_name=model_name, model=model_options,
+        dataset=dataset, compressor_name=comp_name, compressor=compressor,
+        schedule_name=sched_name, schedule=schedule, wandb=wandb, resolved=c)

@@ -1,7 +1,7 @@
 """Start the ranks of one run: in this process, as N local processes, or by joining torchrun/Slurm.
 
-Workers receive the resolved config as a plain dict and never run Hydra, so every rank sees the
-same values. A rank that dies takes the whole job down with its rank and cause: local ranks are
+Workers receive the run's RunSettings (config.validate's, read once; it pickles) and never run
+Hydra, so every rank sees the same values. A rank that dies takes the whole job down with its rank and cause: local ranks are
 watched by torch.multiprocessing (which terminates the survivors), and under torchrun the
 elastic agent does the same; summary.json then says `failed` with the rank and cause.
 
@@ -47,10 +47,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from accordion_repro.engine import stop
-from accordion_repro.engine.settings import DistSettings, TrainerSettings
+from accordion_repro.engine.settings import TrainerSettings
 from accordion_repro.env import env_rank, env_world_size, local_cuda_device, slurm_env
 from accordion_repro.errors import TrainingDiverged
 from accordion_repro.runlog import report_status, stop_signal_of
+from accordion_repro.settings import RunSettings, require_settings
 from accordion_repro.utils import die_with_parent, pid_alive
 
 
@@ -198,20 +199,20 @@ def _first_slurm_host() -> str:
     return m.group(1) + (m.group(2) or "")
 
 
-def bind_cuda_device(cfg: dict) -> None:
+def bind_cuda_device(trainer: TrainerSettings) -> None:
     """Make this rank's GPU the current device before its process group exists: NCCL binds each
     communicator to the current device, and every rank left on device 0 would share one GPU."""
-    if TrainerSettings.from_config(cfg["trainer"]).use_cuda:
+    if trainer.use_cuda:
         torch.cuda.set_device(local_cuda_device(torch.cuda.device_count()))
 
 
-def _join_env_group(cfg: dict, backend: str, timeout_s: int) -> None:
+def _join_env_group(trainer: TrainerSettings, backend: str, timeout_s: int) -> None:
     slurm = slurm_env() if "RANK" not in os.environ else None
     if slurm:
         os.environ.update(slurm)
         os.environ.setdefault("MASTER_ADDR", _first_slurm_host())
         os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000))
-    bind_cuda_device(cfg)
+    bind_cuda_device(trainer)
     dist.init_process_group(backend=backend, init_method="env://",
                             timeout=datetime.timedelta(seconds=timeout_s))
 
@@ -222,10 +223,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def resolve_backend(cfg: dict, settings: DistSettings) -> str:
-    if settings.backend != "auto":
-        return settings.backend
-    return "nccl" if TrainerSettings.from_config(cfg["trainer"]).use_cuda else "gloo"
+def resolve_backend(run: RunSettings) -> str:
+    if run.dist.backend != "auto":
+        return run.dist.backend
+    return "nccl" if run.trainer.use_cuda else "gloo"
 
 
 def _limit_threads(local_world: int) -> None:
@@ -234,7 +235,7 @@ def _limit_threads(local_world: int) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
 
 
-def _run(cfg: dict, run_dir: Path, in_group: bool = False) -> None:
+def _run(run: RunSettings, run_dir: Path, in_group: bool = False) -> None:
     """Train this rank; leave its process group (when in one) however the run ends.
 
     After a run that ended on every rank alike (completed, or stopped at the same step), a
@@ -246,7 +247,7 @@ def _run(cfg: dict, run_dir: Path, in_group: bool = False) -> None:
     from accordion_repro.engine.trainer import Trainer
 
     try:
-        Trainer(cfg, run_dir).fit()
+        Trainer(run, run_dir).fit()
         if in_group:
             gc.collect()  # the run's work handles and their tensors go while the group lives
             dist.barrier()
@@ -257,9 +258,9 @@ def _run(cfg: dict, run_dir: Path, in_group: bool = False) -> None:
             dist.destroy_process_group()
 
 
-def _spawned_worker(local_rank: int, cfg: dict, run_dir: str, settings: DistSettings,
-                    store_file: str) -> None:
+def _spawned_worker(local_rank: int, run: RunSettings, run_dir: str, store_file: str) -> None:
     take_stop_signals_early(_stop_file(store_file))
+    settings = run.dist
     world_size = settings.nproc_per_node
     os.environ.update(RANK=str(local_rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(world_size))
@@ -270,11 +271,11 @@ def _spawned_worker(local_rank: int, cfg: dict, run_dir: str, settings: DistSett
     _limit_threads(world_size)
     if local_rank == 0:
         _rank0_logging(Path(run_dir))
-    bind_cuda_device(cfg)
-    dist.init_process_group(backend=resolve_backend(cfg, settings), init_method=f"file://{store_file}",
+    bind_cuda_device(run.trainer)
+    dist.init_process_group(backend=resolve_backend(run), init_method=f"file://{store_file}",
                             rank=local_rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=int(settings.timeout_s)))
-    _run(cfg, Path(run_dir), in_group=True)
+    _run(run, Path(run_dir), in_group=True)
     _exit_without_finalizing()
 
 
@@ -337,26 +338,28 @@ def _end_of_run(run_dir: Path, submitit_handler, leader: bool) -> None:
         raise RunStopped(f"stopped: {where}; rerun the same command to resume", 128 + stopped)
 
 
-def launch(cfg: dict, run_dir: Path) -> None:
-    """Run the job described by a resolved config; raise RankFailed if any rank fails and
-    RunStopped if a signal stopped it."""
+def launch(run: RunSettings, run_dir: Path) -> None:
+    """Run the job `run` (config.validate's RunSettings) describes; raise RankFailed if any
+    rank fails and RunStopped if a signal stopped it."""
+    require_settings(run, RunSettings, "launch", "config.validate(cfg) returns it")
     with RELAY.held():
-        _launch(cfg, run_dir, DistSettings.from_config(cfg["dist"]))
+        _launch(run, run_dir)
 
 
-def _launch(cfg: dict, run_dir: Path, settings: DistSettings) -> None:
+def _launch(run: RunSettings, run_dir: Path) -> None:
+    settings = run.dist
     # submitit's time-limit handler, the one found before RELAY (the ranks make its signal a
     # stop request).
     requeue = submitit_requeue_signal()
     submitit_handler = RELAY.previous.get(requeue) if requeue else None
     if settings.launcher in ("auto", "env") and env_world_size() is not None:
-        _join_env_group(cfg, resolve_backend(cfg, settings), int(settings.timeout_s))
+        _join_env_group(run.trainer, resolve_backend(run), int(settings.timeout_s))
         _limit_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         stop.install(stop_signals())
         if RELAY.count:  # a signal while this rank joined its group: a stop at the first step
             stop.request(RELAY.last)
         try:
-            _run(cfg, run_dir, in_group=True)
+            _run(run, run_dir, in_group=True)
         except RuntimeError as exc:  # gloo's and NCCL's errors; ours are not RuntimeErrors
             lost = lost_peer(str(exc))
             if lost is None:
@@ -375,13 +378,13 @@ def _launch(cfg: dict, run_dir: Path, settings: DistSettings) -> None:
     if settings.nproc_per_node == 1:
         stop.install(stop_signals())
         try:
-            _run(cfg, run_dir)
+            _run(run, run_dir)
         finally:
             RELAY.reinstall(stop.requested())
     else:
         _remove_stale_stores()
         with tempfile.TemporaryDirectory(prefix=f"{STORE_PREFIX}{os.getpid()}-") as store_dir:
-            _spawn(cfg, run_dir, settings, os.path.join(store_dir, "store"))
+            _spawn(run, run_dir, os.path.join(store_dir, "store"))
     _end_of_run(run_dir, submitit_handler, leader=True)
 
 
@@ -398,13 +401,13 @@ def _remove_stale_stores() -> None:
                 shutil.rmtree(path, ignore_errors=True)
 
 
-def _spawn(cfg: dict, run_dir: Path, settings: DistSettings, store_file: str) -> None:
+def _spawn(run: RunSettings, run_dir: Path, store_file: str) -> None:
     # torch's "Terminating process N via signal SIGTERM" after a failure: the job's own error
     # line says what happened.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     with RELAY.starting(_stop_file(store_file)):
-        context = mp.start_processes(_spawned_worker, args=(cfg, str(run_dir), settings, store_file),
-                                     nprocs=settings.nproc_per_node, join=False, start_method="spawn")
+        context = mp.start_processes(_spawned_worker, args=(run, str(run_dir), store_file),
+                                     nprocs=run.dist.nproc_per_node, join=False, start_method="spawn")
         RELAY.processes = context.processes
     try:
         while not context.join():

@@ -107,11 +107,28 @@ class Options:
         return value
 
 
-def option(read, *args, default=dataclasses.MISSING, **kwargs):
-    """A settings field read by `read(options, name, *args, **kwargs)` (an Options method);
-    `default`, when given, is the option's one default."""
-    return dataclasses.field(default=default,
-                             metadata={"read": lambda o, name: read(o, name, *args, **kwargs)})
+# What a resumed run may do with an option (rundir.py): "fixed" must match the run in the
+# directory; "free" says where or how visibly a run happens, not what it computes, and may change
+# freely; "changeable" may change under trainer.allow_config_change, from the first resumed epoch.
+ON_RESUME = ("fixed", "free", "changeable")
+NOT_ADDED = object()  # option(added=...) not given: the option is as old as the run directories
+
+
+def option(read, *args, default=dataclasses.MISSING, help: str, on_resume: str = "fixed",
+           added=NOT_ADDED, **kwargs):
+    """A settings field read by `read(options, name, *args, **kwargs)` (an Options method).
+
+    `default`, when given, is the option's one default; `help` says what it does (listed in
+    docs/options.md); `on_resume` is one of ON_RESUME; `added`, for an option added after runs
+    were made, is the value a run directory without it ran as.
+    """
+    if on_resume not in ON_RESUME:
+        raise ValueError(f"on_resume must be one of {ON_RESUME}, got {on_resume!r}")
+    if not help.strip():
+        raise ValueError("every option says what it does: give help=")
+    return dataclasses.field(default=default, metadata={
+        "read": lambda o, name: read(o, name, *args, **kwargs), "help": help,
+        "on_resume": on_resume, "added": added})
 
 
 class Settings:

@@ -29,48 +29,45 @@ import os
 import shutil
 import socket
 from contextlib import contextmanager, suppress
+from dataclasses import fields
 from pathlib import Path
 
 import yaml
 
 from accordion_repro.engine.checkpoint import checkpoint_path, read as read_checkpoint
+from accordion_repro.accordion.detector import DetectorSettings
 from accordion_repro.engine.settings import TrainerSettings
+from accordion_repro.settings import added_keys, key_of, option_keys
 from accordion_repro.utils import atomic_write_text, flatten, pid_alive
 
 MOVABLE = ("resolved.yaml", "metrics.jsonl", "summary.json", "checkpoints", "wandb")
 
-# Keys that say where or how visibly a run happens, not what it computes. A resumed run may
-# change them freely; every other key must match the run already in the directory.
-# `scale.*` only feeds other keys (trainer.epochs, model.width, ...), which are compared.
+# Keys that say where or how visibly a run happens, not what it computes: the options marked
+# `option(on_resume="free")`. A resumed run may change them freely; every other key must match
+# the run already in the directory. `scale.*` only feeds other keys (trainer.epochs,
+# model.width, ...), which are compared; logger and paths have no option that computes.
 # conf/config.yaml's exclude_keys (overrides left out of the directory name) must all be here:
-# tests/test_run_integrity.py checks it.
+# tests/test_run_integrity.py checks it. dist.master_port was an option once: older run
+# directories still hold it.
 IGNORED_PREFIXES = ("logger.", "paths.", "scale.")
-IGNORED_KEYS = {
-    "trainer.resume", "trainer.progress", "trainer.stop_after_epoch",
-    "trainer.allow_config_change", "dist.master_port", "dist.master_addr", "dist.timeout_s",
-    "dataset.cache_dir", "dataset.root", "dataset.download",
-}
+IGNORED_KEYS = {*option_keys(on_resume="free"), "dist.master_port"}
 
 
 class RunDirectoryInUse(RuntimeError):
     """Another live job holds the directory's lock."""
 
 
-# Keys that trainer.allow_config_change=true may change on resume: each is read afresh from the
-# config when the job starts (the optimizer's hyperparameters are set over the checkpoint's), so
-# it takes effect from the first resumed epoch; tests/test_run_integrity.py shows it per family.
-CHANGEABLE_PREFIXES = ("optim.", "run.")
-CHANGEABLE_KEYS = {
-    "trainer.epochs", "trainer.max_steps_per_epoch", "trainer.max_eval_steps",
-    "trainer.eval_batch_size", "trainer.nan_policy", "trainer.checkpoint", "trainer.num_workers",
-    "dataset.augment", "dataset.rotation_degrees",
-    "schedule.eta", "schedule.interval", "schedule.lr_decay_rule", "schedule.statistic",
-}
-NOT_CHANGEABLE = {"optim.name"}  # another optimizer cannot take the checkpoint's state
+# Keys that trainer.allow_config_change=true may change on resume, the options marked
+# `option(on_resume="changeable")` (not optim.name: another optimizer cannot take the
+# checkpoint's state), and the run's names: each is read afresh from the config when the job
+# starts (the optimizer's hyperparameters are set over the checkpoint's), so it takes effect
+# from the first resumed epoch; tests/test_run_integrity.py shows it per family.
+CHANGEABLE_PREFIXES = ("run.",)
+CHANGEABLE_KEYS = set(option_keys(on_resume="changeable"))
 
 
 def changeable_on_resume(key: str) -> bool:
-    return key not in NOT_CHANGEABLE and (key in CHANGEABLE_KEYS or key.startswith(CHANGEABLE_PREFIXES))
+    return key in CHANGEABLE_KEYS or key.startswith(CHANGEABLE_PREFIXES)
 
 
 class ConfigMismatch(RuntimeError):
@@ -81,11 +78,11 @@ class RunRecordGap(RuntimeError):
     """metrics.jsonl lacks epochs the checkpoint has passed and they cannot be rebuilt."""
 
 
-# Keys added after runs were made: a run directory whose config lacks one ran as this value.
-ADDED_KEYS = {"trainer.precision": "fp32", "trainer.channels_last": False, "dataset.pipeline": "pil",
-              "schedule.detect": False, "model.width": 1.0, "dist.strategy": "ddp"}
+# Keys added after runs were made (`option(added=...)`): a run directory whose config lacks one
+# ran as this value.
+ADDED_KEYS = added_keys()
 # A static schedule without `detect` runs no detector: its detector options compute nothing.
-DETECTOR_KEYS = {"schedule.eta", "schedule.interval", "schedule.lr_decay_rule", "schedule.statistic"}
+DETECTOR_KEYS = {key_of(DetectorSettings, f.name) for f in fields(DetectorSettings)}
 
 
 def _runs_no_detector(flat: dict) -> bool:
@@ -144,15 +141,16 @@ def move_aside(run_dir: Path) -> Path | None:
     return target
 
 
-def check_existing_run(run_dir: Path, resolved: dict) -> dict[str, list]:
+def check_existing_run(run_dir: Path, resolved: dict, trainer: TrainerSettings) -> dict[str, list]:
     """Refuse a changed config, an unreadable checkpoint or a gap in metrics.jsonl; return the
     delta that was allowed.
 
+    `resolved` is the run's record (compared key by key with the run already there); `trainer`
+    its checked settings (RunSettings.trainer), which say whether to resume and allow a change.
     With trainer.resume=never an existing run is moved aside first (nothing is compared).
     """
     run_dir = Path(run_dir)
     remove_interrupted_writes(run_dir)
-    trainer = TrainerSettings.from_config(resolved["trainer"])
     if trainer.resume == "never":
         moved = move_aside(run_dir)
         if moved is not None:

@@ -45,11 +45,13 @@ class WandbSettings(Settings):
     """logger.wandb: where the run's wandb mirror goes (the local files stay the record)."""
 
     SECTION = "logger.wandb"
-    mode: str = option(Options.choice, ("offline", "online", "disabled"))
-    project: str = option(_text)
-    entity: str | None = option(_text, optional=True)
-    group: str | None = option(_text, optional=True)
-    tags: tuple[str, ...] = option(_tags)
+    mode: str = option(
+        Options.choice, ("offline", "online", "disabled"),
+        help="offline: local files to `wandb sync` later; online; disabled")
+    project: str = option(_text, help="the wandb project")
+    entity: str | None = option(_text, optional=True, help="the wandb entity (null: the default)")
+    group: str | None = option(_text, optional=True, help="the wandb group (null: none)")
+    tags: tuple[str, ...] = option(_tags, help="wandb tags")
 
 
 def _jsonable(value: Any) -> Any:

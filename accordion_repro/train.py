@@ -1,13 +1,15 @@
 """Entry point: `python -m accordion_repro.train model=resnet18 compressor=powersgd schedule=accordion`.
 
-Hydra composes and this module validates once, before any rank starts; the resolved config is
-written to the run directory and handed to the ranks as plain data. The run directory's name
+Hydra composes and this module validates once, before any rank starts, into RunSettings (the
+ranks get it, and every component its part); the resolved config is written to the run
+directory as the run's record. The run directory's name
 comes from the preset, the overrides and the seed (conf/config.yaml), never from the clock, so a
 requeued or resumed job finds its own checkpoint.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -44,20 +46,19 @@ def run(cfg: DictConfig, run_dir: Path, accepted: Callable[[], None] | None = No
     written and before any rank starts; then `accepted()` is called. Under torchrun or Slurm,
     rank 0 does the checks; the other ranks wait for it in the process-group rendezvous.
     """
-    config_module.validate(cfg)
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    resolved.pop("hydra", None)
+    settings = config_module.validate(cfg)
     run_dir = Path(run_dir)
     if env_rank() != 0:
-        launch(resolved, run_dir)
+        launch(settings, run_dir)
         return run_dir
     with hold_stop_signals(), run_lock(run_dir):  # a stop signal from here on ends the job as stopped
-        change = check_existing_run(run_dir, resolved)
-        prepare_dataset(resolved["dataset"])
-        atomic_write_text(run_dir / "resolved.yaml", OmegaConf.to_yaml(OmegaConf.create(resolved)))
+        change = check_existing_run(run_dir, settings.resolved, settings.trainer)
+        prepare_dataset(settings.dataset)
+        atomic_write_text(run_dir / "resolved.yaml",
+                          OmegaConf.to_yaml(OmegaConf.create(settings.resolved)))
         if accepted is not None:
             accepted()
-        launch({**resolved, "_config_change": change}, run_dir)
+        launch(dataclasses.replace(settings, config_change=change), run_dir)
     return run_dir
 
 

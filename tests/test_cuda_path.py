@@ -218,20 +218,18 @@ def test_phase_clock_on_cuda_records_events_and_syncs_once_when_asked(monkeypatc
 def _host_reads_in_an_epoch(monkeypatch, tmp_path, steps: int) -> dict:
     """Host reads (.item(), int(), float(), bool(), .tolist()) and device syncs in one epoch of
     the real trainer, one process on the CPU."""
-    from omegaconf import OmegaConf
-
+    from accordion_repro.config import validate
     from accordion_repro.engine import trainer as trainer_module
     from conftest import compose_cfg
 
-    cfg = OmegaConf.to_container(compose_cfg([
+    run = validate(compose_cfg([
         "model=resnet18", "model.width=0.125", "dataset=synthetic_cifar10",
         "dataset.pipeline=device",  # the GPU's pipeline (the PIL one reads host tensors)
         "dataset.train_size=256", "dataset.test_size=64", "compressor=topk", "schedule=accordion",
         "schedule.low=0.1", "schedule.high=0.01",
         "trainer.epochs=1", "trainer.batch_size=8", f"trainer.max_steps_per_epoch={steps}",
         "trainer.max_eval_steps=1", "trainer.checkpoint=false", "logger.wandb.mode=disabled",
-        "trainer.progress=never"]), resolve=True)
-    cfg.pop("hydra", None)
+        "trainer.progress=never"]))
     counts = {}
 
     def counting(name, original):
@@ -240,7 +238,7 @@ def _host_reads_in_an_epoch(monkeypatch, tmp_path, steps: int) -> dict:
             return original(*args, **kwargs)
         return wrapper
 
-    trainer = trainer_module.Trainer(cfg, tmp_path / f"run{steps}")
+    trainer = trainer_module.Trainer(run, tmp_path / f"run{steps}")
     for name in ("item", "tolist", "__int__", "__float__", "__bool__", "__index__"):
         monkeypatch.setattr(torch.Tensor, name, counting(name, getattr(torch.Tensor, name)))
     monkeypatch.setattr(trainer_module, "_sync", counting("sync", trainer_module._sync))

@@ -99,6 +99,5 @@ def test_the_device_is_bound_before_the_process_group_is_made(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_device", lambda index: calls.append(("set_device", index)))
     monkeypatch.setattr(dist, "init_process_group", lambda **kw: calls.append(("init", kw["backend"])))
     trainer = OmegaConf.to_container(compose_cfg(["trainer.device=cuda"]).trainer, resolve=True)
-    cfg = {"trainer": trainer}
-    launch._join_env_group(cfg, "nccl", 60)
+    launch._join_env_group(TrainerSettings.from_config(trainer), "nccl", 60)
     assert calls == [("set_device", 1), ("init", "nccl")]

@@ -7,16 +7,24 @@ import pytest
 from omegaconf import OmegaConf
 
 from accordion_repro.engine.lr import build_epoch_lr, decay_epochs
+from accordion_repro.engine.settings import OptimSettings
 from accordion_repro.errors import ConfigError
 from conftest import CONF_DIR
 
 DEFAULT_DECAYS = [0.5, 0.8333333333]  # conf/optim/sgd.yaml
 
 
-def optim_cfg(name: str, **overrides) -> dict:
+def optim_cfg(name: str, **overrides) -> OptimSettings:
     cfg = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "optim" / f"{name}.yaml"))
     cfg.update(overrides)
-    return cfg
+    return OptimSettings.from_config(cfg)
+
+
+def test_the_lr_schedule_refuses_a_raw_optim_node():
+    """Components take checked settings, never the config dict (RunSettings.optim)."""
+    node = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "optim" / "sgd.yaml"))
+    with pytest.raises(TypeError, match=r"build_epoch_lr takes OptimSettings .*not a config dict"):
+        build_epoch_lr(node, total_epochs=3, world_size=1, batch_size=128)
 
 
 # ---- the official rules, from the facts (not from lr.py) -----------------------------------

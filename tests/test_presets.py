@@ -16,6 +16,7 @@ from accordion_repro.analysis.layout import COMPARISONS, FIGURES, TABLES, all_pr
 from accordion_repro.comm import build_reducer
 from accordion_repro.config import check_level_owner, compressor_level, validate, world_size_of
 from accordion_repro.engine.lr import build_epoch_lr, decay_epochs
+from accordion_repro.engine.settings import DistSettings, OptimSettings
 from accordion_repro.errors import DatasetMissingError
 from accordion_repro.models import build_model, count_parameters
 from conftest import CONF_DIR, compose_cfg, read_metrics, read_summary, train
@@ -105,7 +106,7 @@ def build_pieces(c: dict):
     comp = dict(c["compressor"])
     comp_name = comp.pop("name")
     reducer = build_reducer(comp_name, params, **comp)
-    world = world_size_of(c)
+    world = world_size_of(DistSettings.from_config(c["dist"]))
     sched = dict(c["schedule"])
     schedule = build_schedule(sched.pop("name"), num_layers=reducer.num_compressible,
                               compressor=comp_name, default_level=compressor_level(comp_name, comp),
@@ -255,7 +256,7 @@ def test_paper_scale_carries_the_official_setup(preset):
     assert optim["weight_decay"] == want["weight_decay"]
     assert optim["clip_grad_norm"] == want["clip"]
     assert decay_epochs(optim["decay_at"], trainer["epochs"]) == want["decays"]
-    lr = build_epoch_lr(optim, total_epochs=trainer["epochs"], world_size=want["workers"],
+    lr = build_epoch_lr(OptimSettings.from_config(optim), total_epochs=trainer["epochs"], world_size=want["workers"],
                         batch_size=trainer["batch_size"])
     assert lr(0) == pytest.approx(want["lr"])
     assert lr(want["warmup"]) == pytest.approx(want["peak_lr"])
@@ -388,7 +389,7 @@ def test_cpu_long_scale_keeps_the_papers_proportions_over_30_epochs():
     assert c["trainer"]["epochs"] == 30 and c["schedule"]["interval"] == 1 == 30 * 10 // 300
     assert c["trainer"]["precision"] == "bf16" and c["trainer"]["channels_last"] is True
     assert c["model"]["width"] == 0.25 and c["optim"]["warmup_epochs"] == 1
-    lr = build_epoch_lr(c["optim"], total_epochs=30, world_size=2, batch_size=64)
+    lr = build_epoch_lr(OptimSettings.from_config(c["optim"]), total_epochs=30, world_size=2, batch_size=64)
     decays = [e for e in range(1, 30) if lr(e) < lr(e - 1)]
     assert decays == [15, 25]
 

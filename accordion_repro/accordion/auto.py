@@ -161,31 +161,61 @@ def _min_fraction(o: ScheduleOptions, option_name: str) -> float:
 
 @dataclass(frozen=True, kw_only=True)
 class AutoSettings(DetectorSettings):
-    # the relative error e the low level must reach, and the looser one of the high level
-    error_low: float = option(Options.number, high=1.0, closed="high", default=0.5)
-    error_high: float = option(Options.number, high=1.0, closed="high", default=0.75)
-    max_rank: int = option(_max_rank, default=16)  # PowerSGD candidates 1, 2, 4, ..., max_rank
-    min_fraction: float = option(_min_fraction, default=0.001)  # Top-K's grid goes down to it
+    # the relative error e(r) = ||G - G_r|| / ||G|| the low level must reach, and the looser
+    # one of the high level
+    error_low: float = option(
+        Options.number, high=1.0, closed="high", default=0.5,
+        help="the relative error ||G - G_r|| / ||G|| the low level must reach")
+    error_high: float = option(
+        Options.number, high=1.0, closed="high", default=0.75,
+        help="the looser error the high level must reach")
+    max_rank: int = option(
+        _max_rank, default=16,
+        help="the largest candidate rank (candidates 1, 2, 4, ..., max_rank; PowerSGD only)")
+    min_fraction: float = option(
+        _min_fraction, default=0.001,
+        help="the smallest Top-K fraction of the candidate grid (Top-K only)")
     # pin an endpoint to a level instead (null: chosen from the error target)
-    low: int | float | None = option(_optional_level, default=None)
-    high: int | float | None = option(_optional_level, default=None)
+    low: int | float | None = option(
+        _optional_level, default=None,
+        help="pin the low level to this rank or fraction (null: chosen from error_low)")
+    high: int | float | None = option(
+        _optional_level, default=None,
+        help="pin the high level to this rank or fraction (null: chosen from error_high)")
     # the share of layers to run at low after each check (null: eta as given)
-    low_share: float | None = option(Options.number, high=1.0, closed="low+high", optional=True,
-                                     default=None)
-    eta_floor: float = option(Options.number, closed="low", default=0.0)
-    # eta is floored at noise_z x the measured noise of the ratio (noise_level; 0: no floor)
-    noise_z: float = option(Options.number, closed="low", default=2.0)
+    low_share: float | None = option(
+        Options.number, high=1.0, closed="low+high", optional=True, default=None,
+        help="the share of layers to run at low after each check (null: eta as given)")
+    eta_floor: float = option(
+        Options.number, closed="low", default=0.0,
+        help="the floor of the eta a low_share sets")
+    noise_z: float = option(
+        Options.number, closed="low", default=2.0,
+        help="eta is floored at noise_z x the measured noise of the norm ratio (0: no floor)")
     # a traffic budget for the high level instead of error_high: the floats one step may send
     # with every layer at `high`, as a share of the dense gradient's
-    budget: float | None = option(Options.number, high=1.0, closed="high", optional=True,
-                                  default=None)
+    budget: float | None = option(
+        Options.number, high=1.0, closed="high", optional=True, default=None,
+        help="a traffic budget for the high level instead of error_high, as a share of the dense "
+             "gradient's floats")
     # or a step-time budget (seconds) on a link of link_bps bits/s and latency_s per message:
     # the predicted step (compute_time + the exchange at `high`) must fit within step_time
-    step_time: float | None = option(Options.number, optional=True, default=None)
-    compute_time: float = option(Options.number, closed="low", default=0.0)
-    link_bps: float | None = option(Options.number, optional=True, default=None)
-    latency_s: float = option(Options.number, closed="low", default=50e-6)
-    bins: int = option(Options.integer, default=10_000)  # the budget DP's grid
+    step_time: float | None = option(
+        Options.number, optional=True, default=None,
+        help="a step-time budget in seconds for the high level (with link_bps), instead of "
+             "error_high")
+    compute_time: float = option(
+        Options.number, closed="low", default=0.0,
+        help="the step's compute seconds the step-time budget adds to the exchange")
+    link_bps: float | None = option(
+        Options.number, optional=True, default=None,
+        help="the link's rate in bits per second for the step-time budget")
+    latency_s: float = option(
+        Options.number, closed="low", default=50e-6,
+        help="the link's latency per message in seconds for the step-time budget")
+    bins: int = option(
+        Options.integer, default=10_000,
+        help="steps of the dynamic programme's error grid")
 
     def __post_init__(self):
         if self.error_high < self.error_low:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ..options import Options, Settings, option
+from ..settings import require_settings
 
 STATISTICS = ("mean", "sum")
 GRANULARITIES = ("layer", "model", "layer+model")
@@ -31,10 +32,20 @@ class DetectorSettings(Settings):
     """
 
     SECTION = "schedule"
-    eta: float = option(Options.number, default=0.5)  # critical when |prev - cur| / prev >= eta
-    interval: int = option(Options.integer, default=10)  # epochs between checks
-    lr_decay_rule: bool = option(Options.flag, default=True)  # all critical before an LR decay
-    statistic: str = option(Options.choice, STATISTICS, default="mean")  # mean step grad, or sum
+    eta: float = option(
+        Options.number, default=0.5, on_resume="changeable",
+        help="a layer is critical when its epoch-gradient norm changed by at least this share: "
+             "|prev - cur| / prev >= eta")
+    interval: int = option(
+        Options.integer, default=10, on_resume="changeable",
+        help="epochs between two checks of the detector")
+    lr_decay_rule: bool = option(
+        Options.flag, default=True, on_resume="changeable",
+        help="send every layer to critical before a learning-rate decay")
+    statistic: str = option(
+        Options.choice, STATISTICS, default="mean", on_resume="changeable",
+        help="the norm of the mean step gradient (mean) or of the epoch sum (sum, the official "
+             "code's)")
 
 
 class CriticalRegimeDetector:
@@ -49,13 +60,21 @@ class CriticalRegimeDetector:
     schedule changes it.
     """
 
-    def __init__(self, num_layers: int, *, granularity: str = "layer", **settings):
-        """`settings`: any of DetectorSettings' options (eta, interval, lr_decay_rule, statistic)."""
+    def __init__(self, num_layers: int, *, granularity: str = "layer",
+                 settings: DetectorSettings | None = None, **options):
+        """`options`: any of DetectorSettings' options (eta, interval, lr_decay_rule,
+        statistic); or `settings`, already checked (a schedule's, which holds them)."""
         if num_layers < 0:
             raise ValueError(f"num_layers must be >= 0, got {num_layers}")
         if granularity not in GRANULARITIES:
             raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
-        s = DetectorSettings.from_config(settings, owner="the detector")
+        if settings is None:
+            s = DetectorSettings.from_config(options, owner="the detector")
+        elif options:
+            raise TypeError("CriticalRegimeDetector takes settings= or keywords, not both")
+        else:
+            s = require_settings(settings, DetectorSettings, "CriticalRegimeDetector",
+                                 "a schedule's settings, or the options as keywords")
         self.num_layers = int(num_layers)
         self.eta, self.interval = s.eta, s.interval
         self.lr_decay_rule, self.statistic = s.lr_decay_rule, s.statistic

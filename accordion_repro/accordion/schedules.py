@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 from ..comm.config import check_level, level_kind
 from ..errors import ConfigError
 from ..options import Options, Settings, as_epoch, option
+from ..settings import require_settings
 from .detector import CriticalRegimeDetector, DetectorSettings
 
 # How per-layer flags become the one model-wide decision a batch size needs.
@@ -157,13 +158,17 @@ def _batch_pair(low_option: str, low: int, high_option: str, high: int) -> None:
 @dataclass(frozen=True, kw_only=True)
 class StaticSettings(DetectorSettings):
     # true: run the detector beside a fixed level and log what it would flag (never acted on)
-    detect: bool = option(Options.flag, default=False)
+    detect: bool = option(
+        Options.flag, default=False, added=False,
+        help="run the detector beside the fixed level and log what it would flag (never acted on)")
 
 
 @dataclass(frozen=True, kw_only=True)
 class AccordionSettings(DetectorSettings):
-    low: int | float = option(_level)   # level inside critical regimes (conf gives it)
-    high: int | float = option(_level)  # level outside them
+    low: int | float = option(
+        _level,
+        help="the compression level inside critical regimes (a rank or a kept fraction)")
+    high: int | float = option(_level, help="the compression level outside critical regimes")
 
     def __post_init__(self):
         _level_pair("low", self.low, "high", self.high)
@@ -172,18 +177,30 @@ class AccordionSettings(DetectorSettings):
 @dataclass(frozen=True, kw_only=True)
 class BatchChoices(Settings):
     # lr_scale = B / B_low | sqrt | none
-    lr_scaling: str = option(Options.choice, LR_SCALINGS, default="linear")
+    lr_scaling: str = option(
+        Options.choice, LR_SCALINGS, default="linear",
+        help="lr_scale = B / B_low (linear), its square root (sqrt) or none")
     # batch from the whole-model norm | any | majority of layers
-    decision: str = option(Options.choice, BATCH_DECISIONS, default="model_norm")
+    decision: str = option(
+        Options.choice, BATCH_DECISIONS, default="model_norm",
+        help="the batch from the whole-model norm (model_norm), any layer (any) or the majority of"
+             " layers")
 
 
 @dataclass(frozen=True, kw_only=True)
 class BatchAccordionSettings(BatchChoices, DetectorSettings):
-    low: int = option(_global_batch)   # B_low, global (conf gives it)
-    high: int = option(_global_batch)  # B_high, global
+    low: int = option(
+        _global_batch,
+        help="B_low: the global batch inside critical regimes (trainer.batch_size x world size)")
+    high: int = option(_global_batch, help="B_high: the global batch outside critical regimes")
     # the paper's rule | fixed_epoch: B_low before switch_epoch (the released logs)
-    mode: str = option(Options.choice, BATCH_MODES, default="detector")
-    switch_epoch: int | float = option(_epoch, default=0.0666666667)  # or a fraction: 20 of 300
+    mode: str = option(
+        Options.choice, BATCH_MODES, default="detector",
+        help="detector: the paper's rule; fixed_epoch: B_low before switch_epoch (the released "
+             "logs)")
+    switch_epoch: int | float = option(
+        _epoch, default=0.0666666667,
+        help="the epoch (or fraction of the run: 20 of 300) where fixed_epoch switches to B_high")
 
     def __post_init__(self):
         _batch_pair("low", self.low, "high", self.high)
@@ -191,10 +208,10 @@ class BatchAccordionSettings(BatchChoices, DetectorSettings):
 
 @dataclass(frozen=True, kw_only=True)
 class JointSettings(BatchChoices, DetectorSettings):
-    low: int | float = option(_level)  # compression level inside critical regimes (conf gives
-    high: int | float = option(_level)  # the four bounds)
-    batch_low: int = option(_global_batch)  # global batch inside critical regimes
-    batch_high: int = option(_global_batch)
+    low: int | float = option(_level, help="the compression level inside critical regimes")
+    high: int | float = option(_level, help="the compression level outside critical regimes")
+    batch_low: int = option(_global_batch, help="the global batch inside critical regimes")
+    batch_high: int = option(_global_batch, help="the global batch outside critical regimes")
 
     def __post_init__(self):
         _level_pair("low", self.low, "high", self.high)
@@ -205,9 +222,11 @@ class JointSettings(BatchChoices, DetectorSettings):
 class RegimeWindowsSettings(Settings):
     SECTION = "schedule"
     # [start, end) epoch pairs, or fractions of the run (conf gives all three)
-    windows: list = option(_windows)
-    inside: int | float = option(_level)
-    outside: int | float = option(_level)
+    windows: list = option(
+        _windows,
+        help="[start, end) epoch pairs, or fractions of the run, that are critical")
+    inside: int | float = option(_level, help="the compression level inside the windows")
+    outside: int | float = option(_level, help="the compression level outside them")
 
 
 class Schedule:
@@ -333,8 +352,8 @@ class StaticSchedule(Schedule):
 
 def _detector(schedule: Schedule) -> CriticalRegimeDetector:
     """The detector a schedule's options describe, deciding in the schedule's units."""
-    detector = {f.name: getattr(schedule.settings, f.name) for f in fields(DetectorSettings)}
-    return CriticalRegimeDetector(schedule.num_layers, granularity=schedule.granularity, **detector)
+    return CriticalRegimeDetector(schedule.num_layers, granularity=schedule.granularity,
+                                  settings=schedule.settings)
 
 
 def _expect_flags(schedule: Schedule, critical: Sequence[bool] | None) -> list[bool]:
@@ -534,6 +553,12 @@ SCHEDULES: dict[str, type[Schedule]] = {
 SCHEDULE_NAMES = tuple(SCHEDULES)
 
 
+def _context(name: str, compressor: str, world_size: int,
+             total_epochs: int | None) -> ScheduleContext:
+    # The compressor's kind of level comes from comm/, the one table of compressors.
+    return ScheduleContext(name, compressor, level_kind(compressor), world_size, total_epochs)
+
+
 def _parse(name, options: Mapping, compressor: str, world_size: int,
            total_epochs: int | None) -> tuple[type[Schedule], object, ScheduleContext]:
     if name not in SCHEDULES:
@@ -543,8 +568,7 @@ def _parse(name, options: Mapping, compressor: str, world_size: int,
     options = dict(options)
     if options.pop("name", name) != name:
         raise ConfigError("schedule.name", f"two names given: {name!r} and options['name']")
-    # The compressor's kind of level comes from comm/, the one table of compressors.
-    context = ScheduleContext(name, compressor, level_kind(compressor), world_size, total_epochs)
+    context = _context(name, compressor, world_size, total_epochs)
     reader = ScheduleOptions(options, cls.Settings, context)
     reader.reject_unknown(cls.options(), f"schedule {name!r}")
     return cls, cls.Settings.read(reader), context
@@ -563,16 +587,26 @@ def validate_schedule(name, options: Mapping, /, *, compressor: str, world_size:
 
 def build_schedule(name: str, /, *, num_layers: int, compressor: str, default_level,
                    base_global_batch: int, world_size: int, total_epochs: int | None = None,
-                   layer_shapes=None, **options) -> Schedule:
+                   layer_shapes=None, settings=None, **options) -> Schedule:
     """A ready schedule; the engine gets its detector from `schedule.make_detector()`.
 
-    `options` may be the whole schedule config node, `name` included (`**cfg.schedule`).
+    `options` may be the whole schedule config node, `name` included (`**cfg.schedule`); or
+    `settings` is the schedule's Settings, already checked (the trainer's RunSettings.schedule,
+    which validate_schedule made with the same compressor, world size and epochs).
     `default_level` is the compressor's own level, reported for layers no plan sets.
     `layer_shapes`: the (n, m) of each compressible layer (the reducer's `matrix_shapes`),
     needed by the schedules that weigh layers by size (lgreco, lgreco_accordion, phase_rule,
     auto); auto also gets the context (its candidates depend on the compressor and world size).
     """
-    cls, settings, context = _parse(name, options, compressor, world_size, total_epochs)
+    if settings is None:
+        cls, settings, context = _parse(name, options, compressor, world_size, total_epochs)
+    else:
+        cls = SCHEDULES[name]
+        require_settings(settings, cls.Settings, f"build_schedule({name!r})",
+                         "RunSettings.schedule, or the options as keywords")
+        if options:
+            raise TypeError(f"build_schedule({name!r}) takes settings= or keywords, not both")
+        context = _context(name, compressor, world_size, total_epochs)
     extra = {"layer_shapes": layer_shapes} if hasattr(cls, "layer_shapes_needed") else {}
     if getattr(cls, "context_needed", False):
         extra["context"] = context

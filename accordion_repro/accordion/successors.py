@@ -76,13 +76,21 @@ def _table(o: ScheduleOptions, option: str) -> list[list]:
 @dataclass(frozen=True, kw_only=True)
 class LGreCoSettings(Settings):
     SECTION = "schedule"
-    r0: int = option(_rank)  # the uniform rank whose error sets the budget (conf gives it)
+    r0: int = option(_rank, help="the uniform rank whose compression error sets the budget")
     # candidates floor(gamma r0) .. ceil(beta r0); budget alpha x the reference error; the DP's
     # error grid in steps of the reference (the released DPBUCKETS)
-    gamma: float = option(Options.number, high=1.0, closed="high", default=0.5)
-    beta: float = option(Options.number, low=1.0, closed="low", default=2.0)
-    alpha: float = option(Options.number, default=1.0)
-    bins: int = option(Options.integer, default=10_000)
+    gamma: float = option(
+        Options.number, high=1.0, closed="high", default=0.5,
+        help="the smallest candidate rank is floor(gamma x r0)")
+    beta: float = option(
+        Options.number, low=1.0, closed="low", default=2.0,
+        help="the largest candidate rank is ceil(beta x r0)")
+    alpha: float = option(
+        Options.number, default=1.0,
+        help="the error budget is alpha x the reference error")
+    bins: int = option(
+        Options.integer, default=10_000,
+        help="steps of the dynamic programme's error grid (the released DPBUCKETS)")
 
     @property
     def ranks(self) -> list[int]:
@@ -91,8 +99,10 @@ class LGreCoSettings(Settings):
 
 @dataclass(frozen=True, kw_only=True)
 class LGreCoAccordionSettings(LGreCoSettings, DetectorSettings):
-    low: int = option(_rank)   # Accordion's rank inside critical regimes (sets the budget)
-    high: int = option(_rank)  # and outside them
+    low: int = option(
+        _rank,
+        help="Accordion's rank inside critical regimes (sets the budget there)")
+    high: int = option(_rank, help="Accordion's rank outside critical regimes")
 
     def __post_init__(self):
         _level_pair("low", self.low, "high", self.high)
@@ -106,9 +116,13 @@ class LGreCoAccordionSettings(LGreCoSettings, DetectorSettings):
 @dataclass(frozen=True, kw_only=True)
 class PhaseRuleSettings(Settings):
     SECTION = "schedule"
-    boundaries: list = option(_boundaries)  # where phases 2, 3, ... start (conf gives all three)
-    splits: list = option(_ascending_ints)  # layer sizes (entries) that start size groups 2, 3, ...
-    levels: list = option(_table)           # levels[phase][size group]
+    boundaries: list = option(
+        _boundaries,
+        help="the epochs (or fractions of the run) where phases 2, 3, ... start")
+    splits: list = option(
+        _ascending_ints,
+        help="layer sizes (entries) that start size groups 2, 3, ...")
+    levels: list = option(_table, help="levels[phase][size group]")
 
     def __post_init__(self):
         if len(self.levels) != len(self.boundaries) + 1:

@@ -15,14 +15,18 @@ from pathlib import Path
 import pandas as pd
 
 from accordion_repro.analysis.collect import RUN_DIR, read_config
+from accordion_repro.accordion.schedules import StaticSettings
+from accordion_repro.comm.config import ACPPowerSGDSettings, PowerSGDSettings
 from accordion_repro.rundir import ADDED_KEYS, DETECTOR_KEYS, config_delta
+from accordion_repro.settings import key_of
 from accordion_repro.utils import flatten
 
-# Keys that differ between the seeds of one configuration, or only name a run.
-PER_SEED_KEYS = {"seed", "compressor.seed"}
+# Keys that differ between the seeds of one configuration (the run's seed, the compressor's,
+# which conf ties to it), or only name a run.
+PER_SEED_KEYS = {"seed", key_of(PowerSGDSettings, "seed"), key_of(ACPPowerSGDSettings, "seed")}
 NAMING_PREFIX = "run."
 # A static schedule's detector only watches: with or without it, the run computes the same.
-WATCHING_KEYS = {"schedule.detect", *DETECTOR_KEYS}
+WATCHING_KEYS = {key_of(StaticSettings, "detect"), *DETECTOR_KEYS}
 
 
 class MixedCellError(ValueError):

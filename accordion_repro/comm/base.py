@@ -25,6 +25,8 @@ from .collectives import Communicator
 from .config import SETTINGS, check_level
 from .stats import CommStats
 
+_UNSET = object()  # Reducer._applied before any set_levels call
+
 
 class Phase(NamedTuple):
     """Collectives one phase of a reduction has just started (their work handles).
@@ -62,6 +64,7 @@ class Reducer:
         self.comm = Communicator(group)
         self.default_level = default_level
         self.levels = [default_level] * self.num_compressible
+        self._applied = _UNSET  # the `levels` set_levels applied last
         self.error_feedback = error_feedback
         self.memory: list[torch.Tensor | None] = [None] * self.num_compressible
         # Reductions in flight at the same time (DDP buckets) each need their own flat buffer.
@@ -120,11 +123,18 @@ class Reducer:
         return [self.default_level if lv is None else self._check_level(lv) for lv in levels]
 
     def set_levels(self, levels: Sequence | None) -> None:
-        """Apply per-layer levels from now on (None, or a None entry, = the default level)."""
+        """Apply per-layer levels from now on (None, or a None entry, = the default level).
+
+        The levels of the last call are checked once: a step at the same levels (every step
+        of an epoch reduces at its plan's) checks nothing again."""
+        given = None if levels is None else tuple(levels)
+        if given == self._applied:
+            return
         for layer, new in enumerate(self._normalized_levels(levels)):
             if new != self.levels[layer]:
                 self.levels[layer] = new
                 self._on_level_change(layer)
+        self._applied = given
 
     def _tensor_floats(self, index: int, levels: Sequence) -> int:
         layer = self.layer_of_tensor[index]
@@ -286,6 +296,7 @@ class Reducer:
             raise ValueError(f"state of a {state['name']!r} reducer over other tensors cannot be "
                              f"loaded into this {self.name!r} reducer")
         self.levels = list(state["levels"])
+        self._applied = _UNSET
         self.memory = [None if m is None else m.to(self.device, self.dtype).clone()
                        for m in state["memory"]]
 

@@ -9,7 +9,9 @@ import torch
 
 from .acp import ACPPowerSGDReducer
 from .base import DenseReducer, Reducer
-from .config import validate_compressor
+from ..options import Settings
+from ..settings import require_settings
+from .config import name_of, validate_compressor
 from .powersgd import PowerSGDReducer
 from .topk import TopKReducer
 
@@ -17,7 +19,18 @@ _REDUCERS = {"none": DenseReducer, "powersgd": PowerSGDReducer,
              "acp_powersgd": ACPPowerSGDReducer, "topk": TopKReducer}
 
 
-def build_reducer(name: str, params: Sequence[torch.Tensor], *, group=None, **options) -> Reducer:
-    """The reducer `name` over `params` (tensors or parameters; only their shapes are used)."""
-    settings = validate_compressor(name, options)
-    return _REDUCERS[name](list(params), group=group, **asdict(settings))
+def build_reducer(compressor, params: Sequence[torch.Tensor], *, group=None, **options) -> Reducer:
+    """The reducer over `params` (tensors or parameters; only their shapes are used).
+
+    `compressor` is a name with its options as keywords (own code: `build_reducer("powersgd",
+    params, rank=4)`), or a compressor settings object already checked (the trainer's
+    RunSettings.compressor), which is not read again. A config node is refused (TypeError).
+    """
+    if isinstance(compressor, str):
+        settings = validate_compressor(compressor, options)
+    else:
+        settings = require_settings(compressor, Settings, "build_reducer",
+                                    "RunSettings.compressor, or a compressor name and keywords")
+        if options:
+            raise TypeError("build_reducer takes a settings object or keywords, not both")
+    return _REDUCERS[name_of(settings)](list(params), group=group, **asdict(settings))

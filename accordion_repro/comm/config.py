@@ -39,10 +39,18 @@ class DenseSettings(Settings):
 class PowerSGDSettings(Settings):
     SECTION = "compressor"
     LEVEL: ClassVar[tuple] = ("rank", int)
-    rank: int | None = option(_level(int))  # per-layer rank unless a schedule sets levels
-    error_feedback: bool = option(Options.flag, default=True)  # M = grad + memory, memory = M - out
-    warm_start: bool = option(Options.flag, default=True)  # reuse the previous step's averaged Q
-    seed: int = option(Options.integer, minimum=0, default=0)  # seeds the random Q's (conf: ${seed})
+    rank: int | None = option(
+        _level(int),
+        help="PowerSGD rank of every layer, unless a schedule sets levels")
+    error_feedback: bool = option(
+        Options.flag, default=True,
+        help="error feedback: M = grad + memory, memory = M - what was sent")
+    warm_start: bool = option(
+        Options.flag, default=True,
+        help="start each step's power iteration from the previous step's averaged Q")
+    seed: int = option(
+        Options.integer, minimum=0, default=0,
+        help="seeds the random Q's (conf ties it to ${seed})")
 
 
 @dataclass(frozen=True)
@@ -52,18 +60,31 @@ class ACPPowerSGDSettings(Settings):
 
     SECTION = "compressor"
     LEVEL: ClassVar[tuple] = ("rank", int)
-    rank: int | None = option(_level(int))  # per-layer rank unless a schedule sets levels
-    error_feedback: bool = option(Options.flag, default=True)  # M = grad + memory, memory = M - out
-    seed: int = option(Options.integer, minimum=0, default=0)  # seeds the first Q's (conf: ${seed})
+    rank: int | None = option(
+        _level(int),
+        help="ACP-SGD rank of every layer, unless a schedule sets levels")
+    error_feedback: bool = option(
+        Options.flag, default=True,
+        help="error feedback: M = grad + memory, memory = M - what was sent")
+    seed: int = option(
+        Options.integer, minimum=0, default=0,
+        help="seeds the first Q's (conf ties it to ${seed})")
 
 
 @dataclass(frozen=True)
 class TopKSettings(Settings):
     SECTION = "compressor"
     LEVEL: ClassVar[tuple] = ("ratio", float)
-    ratio: float | None = option(_level(float))  # kept fraction of each layer, in (0, 1]
-    error_feedback: bool = option(Options.flag, default=True)  # memory = M - what was sent
-    official_topk: bool = option(Options.flag, default=False)  # the released code: sum, no memory
+    ratio: float | None = option(
+        _level(float),
+        help="Top-K: the fraction of each layer's entries kept, in (0, 1], unless a schedule sets "
+             "levels")
+    error_feedback: bool = option(
+        Options.flag, default=True,
+        help="error feedback: memory = M - what was sent")
+    official_topk: bool = option(
+        Options.flag, default=False,
+        help="the released code's Top-K: sum the selections, no memory")
 
 
 SETTINGS: dict[str, type] = {"none": DenseSettings, "powersgd": PowerSGDSettings,
@@ -80,6 +101,21 @@ def _settings_class(name) -> type:
 def validate_compressor(name: str, options: Mapping):
     """The compressor's settings; ConfigError naming the key for an unknown name, option or value."""
     return _settings_class(name).from_config(options, owner=f"compressor {name!r}")
+
+
+def name_of(settings: Settings) -> str:
+    """The compressor a settings object belongs to ('powersgd' for PowerSGDSettings)."""
+    for name, cls in SETTINGS.items():
+        if type(settings) is cls:
+            return name
+    raise TypeError(f"{type(settings).__name__} is not a compressor's settings "
+                    f"(those of {', '.join(sorted(SETTINGS))})")
+
+
+def level_of(settings: Settings):
+    """The compressor's own level from its checked settings: a rank, a ratio, or None."""
+    option = type(settings).LEVEL[0]
+    return None if option is None else getattr(settings, option)
 
 
 def level_kind(name: str) -> type | None:

@@ -40,19 +40,25 @@ def dataset_settings(cfg: Mapping) -> DataSettings:
     return SETTINGS[name].from_config(cfg, owner=f"dataset {name!r}")
 
 
-def check_dataset(cfg: Mapping) -> None:
+def _checked(data: DataSettings | Mapping) -> DataSettings:
+    """The trainer passes its checked DataSettings (RunSettings.dataset); own code and tests
+    may pass the `dataset` node, read here."""
+    return data if isinstance(data, DataSettings) else dataset_settings(data)
+
+
+def check_dataset(data: DataSettings | Mapping) -> None:
     """Fail fast, before any rank starts, on a bad name or option or on missing files."""
-    settings = dataset_settings(cfg)
+    settings = _checked(data)
     _DATASETS[settings.name][1](settings)
 
 
-def prepare_dataset(cfg: Mapping) -> None:
+def prepare_dataset(data: DataSettings | Mapping) -> None:
     """Do the dataset's one-off work (decode caches) in the launching process."""
-    settings = dataset_settings(cfg)
+    settings = _checked(data)
     _DATASETS[settings.name][2](settings)
 
 
-def build_data(cfg: Mapping, seed: int) -> DataBundle:
-    """Load (or generate) the dataset a `dataset` config node describes."""
-    settings = dataset_settings(cfg)
+def build_data(data: DataSettings | Mapping, seed: int) -> DataBundle:
+    """Load (or generate) the dataset its settings (or its `dataset` node) describe."""
+    settings = _checked(data)
     return _DATASETS[settings.name][3](settings, seed)

@@ -46,34 +46,57 @@ def _channels(o: Options, key: str) -> tuple[float, float, float]:
 @dataclass(frozen=True, kw_only=True)
 class DataSettings(Settings):
     SECTION = "dataset"
-    name: str = option(Options.get)
+    name: str = option(Options.get, help="the dataset (its conf/dataset file)")
     # null | fraction in (0, 1] | count of training images (seeded) or a prefix of train tokens
-    subset: int | float | None = option(_subset, default=None)
+    subset: int | float | None = option(
+        _subset, default=None,
+        help="null, a fraction in (0, 1] or a count of training images (seeded) or a prefix of "
+             "train tokens")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ImageSettings(DataSettings):
-    augment: bool = option(Options.flag, default=True)  # RandomCrop(32, padding=4) + flip
+    augment: bool = option(
+        Options.flag, default=True, on_resume="changeable",
+        help="random crop (32, padding 4) and horizontal flip of training images")
     # pil: per-image PIL transforms (official) | device: the same augmentation on whole
     # batches on the rank's device (data/device_pipeline.py; for GPUs)
-    pipeline: str = option(Options.choice, PIPELINES, default="pil")
-    rotation_degrees: float = option(Options.number, closed="low", default=0.0)
-    mean: tuple = option(_channels, default=CIFAR10_MEAN)
-    std: tuple = option(_channels, default=CIFAR10_STD)
+    pipeline: str = option(
+        Options.choice, PIPELINES, default="pil", added="pil",
+        help="pil: per-image transforms (official); device: the same augmentation on whole batches"
+             " on the rank's device")
+    rotation_degrees: float = option(
+        Options.number, closed="low", default=0.0, on_resume="changeable",
+        help="random rotation of training images, up to this many degrees")
+    mean: tuple = option(_channels, default=CIFAR10_MEAN, help="per-channel normalisation mean")
+    std: tuple = option(
+        _channels, default=CIFAR10_STD,
+        help="per-channel normalisation standard deviation")
 
 
 @dataclass(frozen=True, kw_only=True)
 class CifarSettings(ImageSettings):
-    root: str = option(Options.get)  # holds torchvision's python-version folder
-    download: bool = option(Options.flag, default=False)  # torchvision fetches the archive
-    verify_checksums: bool = option(Options.flag, default=True)  # md5 of the official files
+    root: str = option(
+        Options.get, on_resume="free",
+        help="the folder that holds torchvision's python-version folder")
+    download: bool = option(
+        Options.flag, default=False, on_resume="free",
+        help="let torchvision fetch the archive when it is missing")
+    verify_checksums: bool = option(
+        Options.flag, default=True,
+        help="check the md5 of the official files")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Cifar100Settings(CifarSettings):
-    rotation_degrees: float = option(Options.number, closed="low", default=15.0)  # official
-    mean: tuple = option(_channels, default=CIFAR100_MEAN)
-    std: tuple = option(_channels, default=CIFAR100_STD)
+    rotation_degrees: float = option(
+        Options.number, closed="low", default=15.0, on_resume="changeable",
+        help="random rotation of training images, up to this many degrees (the official "
+             "CIFAR-100's 15)")
+    mean: tuple = option(_channels, default=CIFAR100_MEAN, help="per-channel normalisation mean")
+    std: tuple = option(
+        _channels, default=CIFAR100_STD,
+        help="per-channel normalisation standard deviation")
 
 
 def _paths(o: Options, key: str) -> tuple[str, ...]:
@@ -85,44 +108,76 @@ def _paths(o: Options, key: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True, kw_only=True)
 class NpzSettings(ImageSettings):
-    path: tuple = option(_paths)  # one .npz or a list (conf/dataset/npz.yaml)
-    num_classes: int = option(Options.integer, minimum=2, default=10)
-    cache_dir: str | None = option(Options.get, default=None)  # decoded JPEGs; null: ~/.cache
+    path: tuple = option(_paths, help="one .npz file or a list of them (conf/dataset/npz.yaml)")
+    num_classes: int = option(Options.integer, minimum=2, default=10, help="classes of the labels")
+    cache_dir: str | None = option(
+        Options.get, default=None, on_resume="free",
+        help="where decoded JPEGs are cached (null: ~/.cache)")
 
 
 @dataclass(frozen=True, kw_only=True)
 class SyntheticImageSettings(ImageSettings):
-    num_classes: int = option(Options.integer, minimum=2, default=10)
-    train_size: int = option(Options.integer, default=2048)
-    test_size: int = option(Options.integer, default=512)
-    noise: float = option(Options.number, closed="low", default=2.0)  # in template stds
-    pixel_noise: float = option(Options.number, closed="low", default=0.3)  # same units
-    data_seed: int | None = option(Options.integer, minimum=0, optional=True, default=None)
+    num_classes: int = option(
+        Options.integer, minimum=2, default=10,
+        help="classes of the synthetic images")
+    train_size: int = option(Options.integer, default=2048, help="synthetic training images")
+    test_size: int = option(Options.integer, default=512, help="synthetic test images")
+    noise: float = option(
+        Options.number, closed="low", default=2.0,
+        help="noise around each class template, in template standard deviations")
+    pixel_noise: float = option(
+        Options.number, closed="low", default=0.3,
+        help="independent noise per pixel, in the same units")
+    data_seed: int | None = option(
+        Options.integer, minimum=0, optional=True, default=None,
+        help="seed of the generated data (null: the run's seed)")
 
 
 @dataclass(frozen=True, kw_only=True)
 class SyntheticImage100Settings(SyntheticImageSettings):
-    num_classes: int = option(Options.integer, minimum=2, default=100)
+    num_classes: int = option(
+        Options.integer, minimum=2, default=100,
+        help="classes of the synthetic images")
 
 
 @dataclass(frozen=True, kw_only=True)
 class TextSettings(DataSettings):
-    bptt: int = option(Options.integer, default=30)
-    eval_batch_size: int = option(Options.integer, default=10)
+    bptt: int = option(
+        Options.integer, default=30,
+        help="tokens per truncated back-propagation window")
+    eval_batch_size: int = option(
+        Options.integer, default=10,
+        help="sequences evaluated side by side")
 
 
 @dataclass(frozen=True, kw_only=True)
 class WikiTextSettings(TextSettings):
-    root: str = option(Options.get)
-    lowercase: bool = option(Options.flag, default=False)  # the official code lower-cased
+    root: str = option(
+        Options.get, on_resume="free",
+        help="the folder that holds WikiText-2's token files")
+    lowercase: bool = option(
+        Options.flag, default=False,
+        help="lower-case the text (the official code did)")
     # the official "test" perplexity is on the validation split
-    eval_split: str = option(Options.choice, ("valid", "test"), default="valid")
+    eval_split: str = option(
+        Options.choice, ("valid", "test"), default="valid",
+        help="the split perplexity is reported on (the official 'test' perplexity is on valid)")
 
 
 @dataclass(frozen=True, kw_only=True)
 class SyntheticTextSettings(TextSettings):
-    vocab_size: int = option(Options.integer, minimum=2, default=1000)
-    train_tokens: int = option(Options.integer, minimum=2, default=100_000)
-    eval_tokens: int = option(Options.integer, minimum=2, default=20_000)
-    branching: int = option(Options.integer, default=4)  # successors per token
-    data_seed: int | None = option(Options.integer, minimum=0, optional=True, default=None)
+    vocab_size: int = option(
+        Options.integer, minimum=2, default=1000,
+        help="tokens in the synthetic vocabulary")
+    train_tokens: int = option(
+        Options.integer, minimum=2, default=100_000,
+        help="synthetic training tokens")
+    eval_tokens: int = option(
+        Options.integer, minimum=2, default=20_000,
+        help="synthetic evaluation tokens")
+    branching: int = option(
+        Options.integer, default=4,
+        help="successors per token of the random Markov chain")
+    data_seed: int | None = option(
+        Options.integer, minimum=0, optional=True, default=None,
+        help="seed of the generated data (null: the run's seed)")

@@ -28,6 +28,7 @@ from typing import Sequence
 
 from accordion_repro.engine.settings import OptimSettings
 from accordion_repro.errors import ConfigError, ConfigWarning
+from accordion_repro.settings import require_settings
 
 
 def _decay_schedule(decay_at: Sequence[float | int], total_epochs: int) -> list[tuple[int, int]]:
@@ -111,8 +112,7 @@ def _official_inclusive(optim: OptimSettings, schedule: list[tuple[int, int]]) -
 
 
 def build_epoch_lr(optim, *, total_epochs: int, world_size: int, batch_size: int) -> EpochLR:
-    if not isinstance(optim, OptimSettings):  # the optim node itself
-        optim = OptimSettings.from_config(optim)
+    require_settings(optim, OptimSettings, "build_epoch_lr", "RunSettings.optim")
     schedule = _decay_schedule(optim.decay_at, total_epochs)
     official = bool(optim.official_off_by_one)
     return EpochLR(

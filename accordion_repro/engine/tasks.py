@@ -13,9 +13,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from accordion_repro.data import (DeviceImages, batchify, bptt_windows, dataset_settings,
-                                  epoch_sampler, image_loader)
-from accordion_repro.engine.settings import TrainerSettings
+from accordion_repro.data import DeviceImages, batchify, bptt_windows, epoch_sampler, image_loader
 from accordion_repro.models import detach_hidden
 
 
@@ -151,15 +149,15 @@ class LanguageModelTask:
         return {"test_loss": loss, "val_ppl": math.exp(min(loss, 50.0)), "eval_examples": count}
 
 
-def build_task(bundle, cfg: dict, trainer: TrainerSettings, *, rank: int, world_size: int,
-               device: torch.device):
+def build_task(bundle, run, *, rank: int, world_size: int, device: torch.device):
+    """The task of `run` (RunSettings): its dataset's and trainer's settings say which."""
     where = dict(rank=rank, world_size=world_size, device=device)
-    data = dataset_settings(cfg["dataset"])
+    data, trainer = run.dataset, run.trainer
     if bundle.kind == "text":
         return LanguageModelTask(bundle, **where, bptt=data.bptt,
                                  eval_batch_size=data.eval_batch_size)
     num_workers = trainer.num_workers if trainer.num_workers != "auto" else (4 if trainer.use_cuda else 0)
-    return ImageClassificationTask(bundle, **where, seed=int(cfg["seed"]), num_workers=num_workers,
+    return ImageClassificationTask(bundle, **where, seed=run.seed, num_workers=num_workers,
                                    reshuffle_each_epoch=bool(trainer.reshuffle_each_epoch),
                                    eval_batch_size=trainer.eval_batch_size,
                                    channels_last=trainer.channels_last,

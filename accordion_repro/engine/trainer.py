@@ -25,7 +25,8 @@ from tqdm import tqdm
 
 from accordion_repro.accordion import Plan, build_schedule
 from accordion_repro.accordion.controller import EpochDecision
-from accordion_repro.comm import build_reducer, compressor_level
+from accordion_repro.comm import build_reducer
+from accordion_repro.comm.config import level_of
 from accordion_repro.comm.collectives import control_group
 from accordion_repro.comm.collectives import distributed as _distributed
 from accordion_repro.comm.stats import CommStats
@@ -35,11 +36,11 @@ from accordion_repro.engine.clock import PhaseClock
 from accordion_repro.engine.lr import build_epoch_lr
 from accordion_repro.engine.optim import build_optimizer
 from accordion_repro.engine.precision import LossScaler, autocast
-from accordion_repro.engine.settings import DistSettings, OptimSettings, TrainerSettings
 from accordion_repro.engine.tasks import build_task
 from accordion_repro.env import local_cuda_device
 from accordion_repro.errors import ConfigWarning, TrainingDiverged
-from accordion_repro.runlog import NullRunLogger, RunLogger, WandbSettings
+from accordion_repro.runlog import NullRunLogger, RunLogger
+from accordion_repro.settings import RunSettings, require_settings
 from accordion_repro.models import build_model, count_parameters
 
 
@@ -84,12 +85,14 @@ def _marking_last(batches, accum: int):
 
 
 class Trainer:
-    def __init__(self, cfg: dict, run_dir: Path):
-        self.cfg, self.run_dir = cfg, Path(run_dir)
+    def __init__(self, run: RunSettings, run_dir: Path):
+        """`run`: config.validate's RunSettings; each component gets its own checked part."""
+        self.run = require_settings(run, RunSettings, "Trainer", "config.validate(cfg) returns it")
+        self.run_dir = Path(run_dir)
         self.rank = dist.get_rank() if _distributed() else 0
         self.world_size = dist.get_world_size() if _distributed() else 1
-        self.settings = t = TrainerSettings.from_config(cfg["trainer"])
-        self.optim = OptimSettings.from_config(cfg["optim"])
+        self.settings = t = run.trainer
+        self.optim = run.optim
         if t.use_cuda:
             torch.cuda.set_device(local_cuda_device(torch.cuda.device_count()))  # as launch did
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -99,14 +102,13 @@ class Trainer:
             self.device = torch.device("cpu")
 
         # Same seed on every rank, as the official code; weights are then broadcast from rank 0.
-        seed = int(cfg["seed"])
+        seed = run.seed
         random.seed(seed)
         np.random.seed(seed)
         torch.manual_seed(seed)
-        self.bundle = build_data(cfg["dataset"], seed)
-        model_opts = {k: v for k, v in cfg["model"].items() if k != "name"}
-        self.model = build_model(cfg["model"]["name"], num_classes=self.bundle.num_classes,
-                                 vocab_size=self.bundle.vocab_size, **model_opts).to(self.device)
+        self.bundle = build_data(run.dataset, seed)
+        self.model = build_model(run.model_name, num_classes=self.bundle.num_classes,
+                                 vocab_size=self.bundle.vocab_size, settings=run.model).to(self.device)
         if t.channels_last:  # conv weights NHWC; the reducer sees their logical (NCHW) order
             self.model = self.model.to(memory_format=torch.channels_last)
         self.scaler = LossScaler() if t.precision == "fp16" else None
@@ -114,32 +116,28 @@ class Trainer:
         # dist.strategy=fsdp: the same reducer runs inside FSDP's reduce-scatter during backward
         # (comm/fsdp.py); p.grad is then this rank's shard of the averaged gradient.
         self.fsdp = None
-        comp = dict(cfg["compressor"])
-        comp_name = comp.pop("name")
-        if DistSettings.from_config(cfg["dist"]).strategy == "fsdp":
+        if run.dist.strategy == "fsdp":
             from accordion_repro.comm.fsdp import FSDPReducerState
 
             # clip_point=local clips each rank's whole local gradient inside the one reduction
             clip_local = self.optim.clip_grad_norm if self.optim.clip_point == "local" else None
             self.model = sharding.shard_model(self.model, self.device, one_unit=bool(clip_local))
-            self.fsdp = FSDPReducerState(self.model, comp_name, check_levels=False,
-                                         clip_local=clip_local, **comp)
+            self.fsdp = FSDPReducerState(self.model, run.compressor, check_levels=False,
+                                         clip_local=clip_local)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.reducer = (self.fsdp.reducer if self.fsdp is not None
-                        else build_reducer(comp_name, self.params, **comp))
+                        else build_reducer(run.compressor, self.params))
         self.compressible = [i for i, c in enumerate(self.reducer.compressible) if c]
 
-        sched = dict(cfg["schedule"])
-        sched_name = sched.pop("name")
         self.schedule = build_schedule(
-            sched_name, num_layers=len(self.compressible), compressor=comp_name,
-            default_level=compressor_level(comp_name, comp),
+            run.schedule_name, num_layers=len(self.compressible), compressor=run.compressor_name,
+            default_level=level_of(run.compressor),
             base_global_batch=t.batch_size * self.world_size, world_size=self.world_size,
-            total_epochs=t.epochs, layer_shapes=self.reducer.matrix_shapes, **sched)
+            total_epochs=t.epochs, layer_shapes=self.reducer.matrix_shapes, settings=run.schedule)
         self.detector = self.schedule.make_detector() if self.rank == 0 else None
         self.plan: Plan = self.schedule.initial_plan()
 
-        self.task = build_task(self.bundle, cfg, t, rank=self.rank, world_size=self.world_size,
+        self.task = build_task(self.bundle, run, rank=self.rank, world_size=self.world_size,
                                device=self.device)
         with warnings.catch_warnings():  # config.validate showed them before the ranks started
             warnings.simplefilter("ignore", ConfigWarning)
@@ -150,7 +148,7 @@ class Trainer:
         self._control_group = control_group() if _distributed() else None
         self._decide = EpochDecision(self.schedule, self.detector, group=self._control_group)
         self.start_epoch = 0
-        self.config_change = cfg.get("_config_change") or {}
+        self.config_change = run.config_change
         self.wandb_id = None
         self.totals = {"floats": 0, "bytes": 0, "train_time_s": 0.0}
         self.metric_lines: list[str] = []  # rank 0: every metrics.jsonl line so far
@@ -160,7 +158,7 @@ class Trainer:
             self.fsdp.detector = self.detector
         self.resume_epoch = self.start_epoch  # where a rerun resumes: the last checkpoint's next
         self.logger = RunLogger(
-            self.run_dir, config=cfg, wandb=WandbSettings.from_config(cfg["logger"]["wandb"]),
+            self.run_dir, config=run.resolved, wandb=run.wandb,
             wandb_id=self.wandb_id) if self.rank == 0 else NullRunLogger()
         self.logger.truncate_from(self.start_epoch)
 
@@ -215,7 +213,7 @@ class Trainer:
                       "plan": self.plan, "wandb_id": self.logger.wandb_id, "totals": self.totals,
                       "metric_lines": self.metric_lines,
                       "loss_scale": None if self.scaler is None else self.scaler.state_dict(),
-                      "config": {k: v for k, v in self.cfg.items() if k != "_config_change"}}
+                      "config": self.run.resolved}
         checkpoint.save(self.run_dir, shared, {"reducer": self.reducer.state_dict(),
                                                "rng": checkpoint.rng_state()})
 
@@ -224,8 +222,8 @@ class Trainer:
         t = self.settings
         self.logger.update_summary(
             num_params=count_parameters(self.model), world_size=self.world_size,
-            model=self.cfg["model"]["name"], dataset=self.cfg["dataset"]["name"],
-            data=self.bundle.description, scale=self.cfg["scale"]["name"], metric=self.task.metric)
+            model=self.run.model_name, dataset=self.run.dataset.name,
+            data=self.bundle.description, scale=self.run.scale, metric=self.task.metric)
         self.logger.set_status("running")
         if self.config_change:
             change = {"from_epoch": self.start_epoch, "delta": self.config_change}

@@ -6,13 +6,15 @@ the command line; each option and its default is declared once, in models/settin
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Callable
 
 from torch import nn
 
 from ..errors import ConfigError
-from ..options import Options
+from ..options import Options, Settings
+from ..settings import require_settings
 from .cifar.densenet import DenseNet
 from .cifar.googlenet import GoogLeNet
 from .cifar.resnet import ResNet18
@@ -34,15 +36,31 @@ MODEL_NAMES: tuple[str, ...] = tuple(MODELS)
 SETTINGS = {name: options for name, (_, _, options) in MODELS.items()}
 
 
-def build_model(name: str, *, num_classes: int | None = None, vocab_size: int | None = None,
-                **options) -> nn.Module:
-    """Image models need `num_classes`, the LSTM needs `vocab_size`; the other one is ignored
-    so the engine can pass both from its DataBundle."""
+def _entry(name: str) -> tuple[Callable[..., nn.Module], str, type]:
     if name not in MODELS:
         raise ConfigError("model.name",
                           f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
-    constructor, size_of, settings = MODELS[name]
-    settings = settings.from_config(options, owner=f"model {name!r}")
+    return MODELS[name]
+
+
+def model_settings(name: str, options: Mapping):
+    """Model `name`'s checked options (the one place they are read); ConfigError naming the key."""
+    return _entry(name)[2].from_config(options, owner=f"model {name!r}")
+
+
+def build_model(name: str, *, num_classes: int | None = None, vocab_size: int | None = None,
+                settings: Settings | None = None, **options) -> nn.Module:
+    """Image models need `num_classes`, the LSTM needs `vocab_size`; the other one is ignored
+    so the engine can pass both from its DataBundle. The options are keywords (own code) or
+    `settings`, already checked (the trainer's RunSettings.model), not both."""
+    if settings is None:
+        settings = model_settings(name, options)
+    else:
+        require_settings(settings, _entry(name)[2], f"build_model({name!r})",
+                         "RunSettings.model, or the options as keywords")
+        if options:
+            raise TypeError(f"build_model({name!r}) takes settings= or keywords, not both")
+    constructor, size_of, _ = MODELS[name]
     size = num_classes if size_of == "num_classes" else vocab_size
     if size is None:
         kind = "an image dataset (num_classes)" if size_of == "num_classes" else \

@@ -17,24 +17,33 @@ SE_REDUCTION = 16  # squeeze-excitation gate: channels // 16 hidden units
 @dataclass(frozen=True, kw_only=True)
 class WidthSettings(Settings):
     SECTION = "model"
-    width: float = option(Options.number, default=1.0)  # channel multiplier; 1.0: the paper's
+    width: float = option(
+        Options.number, default=1.0, added=1.0,
+        help="channel multiplier (1.0: the paper's model)")
 
 
 @dataclass(frozen=True, kw_only=True)
 class SENetSettings(WidthSettings):
     # The official code has 516 stage-4 channels (a typo); 512 is the intended width, 516
     # reproduces the released model exactly.
-    stage4_channels: int = option(Options.integer, minimum=SE_REDUCTION, default=512)
+    stage4_channels: int = option(
+        Options.integer, minimum=SE_REDUCTION, default=512,
+        help="channels of SENet18's stage 4 (512 intended; the official code's 516 reproduces its "
+             "model)")
 
 
 @dataclass(frozen=True, kw_only=True)
 class LSTMSettings(Settings):
     SECTION = "model"
-    num_layers: int = option(Options.integer, default=3)
-    hidden_size: int = option(Options.integer, default=650)
-    embedding_size: int = option(Options.integer, default=650)
-    tied: bool = option(Options.flag, default=True)  # decoder shares the embedding matrix
-    dropout: float = option(Options.number, closed="low", high=1.0, default=0.4)
+    num_layers: int = option(Options.integer, default=3, help="stacked LSTM layers")
+    hidden_size: int = option(Options.integer, default=650, help="hidden units per LSTM layer")
+    embedding_size: int = option(Options.integer, default=650, help="size of the word embedding")
+    tied: bool = option(
+        Options.flag, default=True,
+        help="the decoder shares the embedding matrix (needs embedding_size = hidden_size)")
+    dropout: float = option(
+        Options.number, closed="low", high=1.0, default=0.4,
+        help="dropout probability between layers")
 
 
 # The options that scale a model down from the paper's (the analysis names a run that changes one).
