@@ -20,7 +20,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from accordion_repro.comm.config import SETTINGS as COMPRESSOR_SETTINGS, compressor_level  # noqa: F401  (tests and callers read it here)
+from accordion_repro.comm.config import SETTINGS as COMPRESSOR_SETTINGS  # noqa: F401  (tests and callers read it here)
 from accordion_repro.comm.config import check_level, level_kind, level_option
 from accordion_repro.env import env_rank
 from accordion_repro.errors import ConfigError, ConfigWarning

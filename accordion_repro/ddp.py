@@ -33,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .accordion import SCHEDULES, DetectorSettings, Plan, build_schedule
 from .accordion.controller import EpochDecision
-from .comm import level_option
+from .comm import level_kind, level_option
 from .comm.config import SETTINGS as COMPRESSOR_SETTINGS
 from .comm.ddp_hook import AccordionHookState, accordion_hook, check_agreement
 from .comm.fsdp import FSDPReducerState, is_fsdp_model
@@ -503,7 +503,7 @@ class AutoAccordion(AdaptiveCompression):
 
         if schedule_options.get("low") is not None:
             return schedule_options["low"]
-        if self._compressor == "topk":
+        if level_kind(self._compressor) is float:  # Top-K's kept fractions
             return schedule_options.get("min_fraction", AutoSettings.min_fraction)
         return schedule_options.get("max_rank", AutoSettings.max_rank)
 

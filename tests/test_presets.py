@@ -13,8 +13,9 @@ from omegaconf import OmegaConf
 
 from accordion_repro.accordion import SCHEDULES, build_schedule
 from accordion_repro.analysis.layout import COMPARISONS, FIGURES, TABLES, all_presets
-from accordion_repro.comm import build_reducer
-from accordion_repro.config import check_level_owner, compressor_level, validate, world_size_of
+from accordion_repro.comm import build_reducer, validate_compressor
+from accordion_repro.comm.config import level_of
+from accordion_repro.config import check_level_owner, validate, world_size_of
 from accordion_repro.engine.lr import build_epoch_lr, decay_epochs
 from accordion_repro.engine.settings import DistSettings, OptimSettings
 from accordion_repro.errors import DatasetMissingError
@@ -105,11 +106,12 @@ def build_pieces(c: dict):
     params = [p for p in model.parameters() if p.requires_grad]
     comp = dict(c["compressor"])
     comp_name = comp.pop("name")
-    reducer = build_reducer(comp_name, params, **comp)
+    compressor = validate_compressor(comp_name, comp)
+    reducer = build_reducer(compressor, params)
     world = world_size_of(DistSettings.from_config(c["dist"]))
     sched = dict(c["schedule"])
     schedule = build_schedule(sched.pop("name"), num_layers=reducer.num_compressible,
-                              compressor=comp_name, default_level=compressor_level(comp_name, comp),
+                              compressor=comp_name, default_level=level_of(compressor),
                               base_global_batch=c["trainer"]["batch_size"] * world,
                               world_size=world, total_epochs=c["trainer"]["epochs"],
                               layer_shapes=reducer.matrix_shapes, **sched)
@@ -220,12 +222,18 @@ def preset_levels(c: dict) -> tuple:
         assert sched["low"] == base_batch, "B_low must be the trainer's global batch (LR basis)"
         return sched["low"], sched["high"]
     if sched["name"] == "accordion":  # sets every layer's level: the compressor has none
-        assert compressor_level(comp["name"], comp) is None
+        assert _own_level(comp) is None
         return sched["low"], sched["high"]
     if sched["name"] == "static" and comp["name"] == "none":
         return (base_batch, base_batch) if c["run"]["method"] != "dense" else (None, None)
-    level = compressor_level(comp["name"], comp)
+    level = _own_level(comp)
     return level, level
+
+
+def _own_level(comp: dict):
+    """The compressor's own level in a resolved config, read as the trainer reads it."""
+    options = {k: v for k, v in comp.items() if k != "name"}
+    return level_of(validate_compressor(comp["name"], options))
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from __future__ import annotations
 from .acp import ACPPowerSGDReducer
 from .base import DenseReducer, Reducer
 from .build import build_reducer
-from .config import compressor_level, level_kind, level_option, validate_compressor
+from .config import level_kind, level_of, level_option, validate_compressor
 from .ddp_hook import AccordionHookState, EpochMismatchError, LevelMismatchError, accordion_hook
 from .powersgd import PowerSGDReducer
 from .stats import CommStats
@@ -18,5 +18,5 @@ from .topk import TopKReducer
 __all__ = [
     "AccordionHookState", "accordion_hook", "LevelMismatchError", "EpochMismatchError",
     "CommStats", "Reducer", "DenseReducer", "PowerSGDReducer", "ACPPowerSGDReducer", "TopKReducer",
-    "build_reducer", "validate_compressor", "level_kind", "level_option", "compressor_level",
+    "build_reducer", "validate_compressor", "level_kind", "level_option", "level_of",
 ]

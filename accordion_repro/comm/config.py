@@ -128,12 +128,6 @@ def level_option(name: str) -> str | None:
     return _settings_class(name).LEVEL[0]
 
 
-def compressor_level(name: str, options: Mapping):
-    """The compressor's own level: a PowerSGD rank, a Top-K ratio, or None for dense."""
-    option = level_option(name)
-    return None if option is None else options.get(option)
-
-
 def check_level(kind: type, value, key: str) -> int | float:
     """A rank is an int >= 1; a Top-K ratio a number in (0, 1] (returned as float)."""
     if kind is int:
@@ -152,3 +146,9 @@ def kept_entries(shape: tuple[int, int], ratio: float, official_topk: bool = Fal
     n, m = shape
     k = int(ratio * n * m)
     return k if official_topk else max(1, k)
+
+
+def topk_sends_dense(shape: tuple[int, int], ratio: float, official_topk: bool = False) -> bool:
+    """Whether Top-K at `ratio` sends an (n, m) layer whole (all-reduced): a ratio of 1, or a k
+    of every entry (comm/topk.py, and schedule=auto's pricing, accordion/candidates.py)."""
+    return ratio >= 1.0 or kept_entries(shape, ratio, official_topk) >= shape[0] * shape[1]
