@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 
 from ..analysis.costmodel import ALLGATHER, ALLREDUCE, StepExchange
-from ..comm.config import kept_entries
+from ..comm.config import kept_entries, topk_sends_dense
 from .lgreco import layer_cost, rank_errors
 
 # Collectives per step of the trainer's whole-model reduction (comm/base.py reduce_steps): the
@@ -100,15 +100,13 @@ class FractionCandidates:
         self.compressor, self.world_size = compressor, world_size
         self.levels = fraction_grid(world_size, min_fraction)
 
-    def _dense(self, shape: tuple[int, int], level: float) -> bool:
-        return level >= 1.0 or kept_entries(shape, level) >= shape[0] * shape[1]
-
     def floats(self, shape: tuple[int, int], level: float) -> int:
         n, m = shape
-        return n * m if self._dense(shape, level) else 2 * kept_entries(shape, level) * self.world_size
+        return n * m if topk_sends_dense(shape, level) else \
+            2 * kept_entries(shape, level) * self.world_size
 
     def op(self, shape: tuple[int, int], level: float) -> str:
-        return ALLREDUCE if self._dense(shape, level) else ALLGATHER
+        return ALLREDUCE if topk_sends_dense(shape, level) else ALLGATHER
 
     def errors(self, matrix: torch.Tensor, levels: Sequence[float]) -> list[float]:
         return topk_errors(matrix, levels)

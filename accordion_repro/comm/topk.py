@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from .base import Reducer
-from .config import kept_entries
+from .config import kept_entries, topk_sends_dense
 from .stats import CommStats
 
 
@@ -114,8 +114,7 @@ class TopKReducer(Reducer):
         return kept_entries(self.matrix_shapes[layer], ratio, self.official_topk)
 
     def _sends_dense(self, layer: int, level: float) -> bool:
-        n, m = self.matrix_shapes[layer]
-        return level >= 1.0 or self.kept(layer, level) >= n * m
+        return topk_sends_dense(self.matrix_shapes[layer], level, self.official_topk)
 
     def _compressed_floats(self, layer: int, level: float) -> int:
         return 2 * self.kept(layer, level) * self.comm.world_size
