@@ -464,20 +464,34 @@ def test_a_long_override_list_still_makes_a_valid_directory_name():
 SHARDED_PRESETS = [preset for preset in PRESETS if preset.split("/")[0] in ("table1", "table3")]
 
 
+@pytest.fixture(scope="module")
+def rank_pool():
+    """Two gloo ranks for all the FSDP presets (tests/harness/rank_pool.py: a start each would
+    cost more than the one step)."""
+    from harness.rank_pool import RankPool
+
+    pool = RankPool()
+    yield pool
+    pool.close()
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("preset", SHARDED_PRESETS)
-def test_table1_and_table3_presets_train_a_step_under_fsdp(preset, tmp_path):
+def test_table1_and_table3_presets_train_a_step_under_fsdp(preset, rank_pool, tmp_path):
     """dist.strategy=fsdp (issue 40): each Table 1 and Table 3 preset at scale=cpu on its
     synthetic stand-in, 2 ranks, one step: the preset's reducer runs inside FSDP's
     reduce-scatter of every unit (the LSTM's local clipping in its one unit)."""
     dataset = SYNTHETIC[CELLS[preset].dataset]
     run_dir = tmp_path / "run"
-    train([f"experiment={preset}", "scale=cpu", f"dataset={dataset}", *TINY[dataset],
-           "dataset.subset=null", "dist.nproc_per_node=2", "dist.strategy=fsdp",
-           "trainer.epochs=1", "trainer.max_steps_per_epoch=1", "trainer.max_eval_steps=1",
-           "trainer.batch_size=2", "trainer.eval_batch_size=2", "trainer.checkpoint=false"],
-          run_dir)
+    run_dir.mkdir()
+    settings = validate(compose_cfg([
+        "logger.wandb.mode=disabled", "trainer.progress=never",
+        f"experiment={preset}", "scale=cpu", f"dataset={dataset}", *TINY[dataset],
+        "dataset.subset=null", "dist.nproc_per_node=2", "dist.strategy=fsdp",
+        "trainer.epochs=1", "trainer.max_steps_per_epoch=1", "trainer.max_eval_steps=1",
+        "trainer.batch_size=2", "trainer.eval_batch_size=2", "trainer.checkpoint=false"]))
+    rank_pool.train(settings, run_dir)
     metrics, summary = read_metrics(run_dir), read_summary(run_dir)
     assert summary["status"] == "completed" and [m["steps"] for m in metrics] == [1]
     assert metrics[0]["bytes_sent"] > 0 and summary["world_size"] == 2
