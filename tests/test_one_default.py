@@ -79,13 +79,17 @@ def test_every_option_reaches_conf_with_the_dataclass_default(group, name, setti
     raw = _raw(group, name)
     options = [f for f in inspect.signature(settings).parameters if f != "name"]
     assert list(node)[0] == "name" and sorted(node) == sorted(["name", *options])
-    for option, default in defaults_of(settings).items():
-        expected = list(default) if isinstance(default, tuple) else default
+    defaults = {option: list(default) if isinstance(default, tuple) else default
+                for option, default in defaults_of(settings).items()}
+    for option, expected in defaults.items():
         if option not in raw:
             assert node[option] == expected, option
-        # every defaulted option can be overridden on the command line as it stands
-        overridden = compose_cfg([*chosen, f"{group}.{option}={_override(default)}"])
-        assert OmegaConf.to_container(overridden[group])[option] == expected
+    # every defaulted option can be overridden on the command line as it stands (all in one
+    # composition: one compose per option cost ~0.15 s each)
+    overridden = OmegaConf.to_container(compose_cfg(
+        [*chosen, *(f"{group}.{option}={_override(default)}"
+                    for option, default in defaults_of(settings).items())])[group])
+    assert {option: overridden[option] for option in defaults} == defaults
 
 
 @pytest.mark.parametrize("code", [PowerSGDReducer, TopKReducer, DenseReducer,
