@@ -111,6 +111,30 @@ def train(overrides: list[str], run_dir: Path) -> Path:
     return run(cfg, Path(run_dir))
 
 
+@pytest.fixture(scope="module")
+def rank_pool():
+    """Two gloo ranks kept for a module's short 2-rank runs (tests/harness/rank_pool.py): a
+    start each would cost more than the run."""
+    from harness.rank_pool import RankPool
+
+    pool = RankPool()
+    yield pool
+    pool.close()
+
+
+def train_in_pool(pool, overrides: list[str], run_dir: Path) -> Path:
+    """As train(), on `pool`'s two ranks: composed and validated here as the CLI does, then the
+    Trainer on both ranks (nothing of the launcher: no lock, no resolved.yaml, no spawn)."""
+    from accordion_repro.config import validate
+
+    settings = validate(compose_cfg(["logger.wandb.mode=disabled", "trainer.progress=never",
+                                     *overrides]))
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    pool.train(settings, run_dir)
+    return run_dir
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line]
 

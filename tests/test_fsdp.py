@@ -422,16 +422,16 @@ TRAINER_CASES = {
 @pytest.mark.slow
 @distributed
 @pytest.mark.parametrize("case", sorted(TRAINER_CASES))
-def test_trainer_under_fsdp_logs_what_it_logs_under_ddp(tmp_path, case):
+def test_trainer_under_fsdp_logs_what_it_logs_under_ddp(tmp_path, case, rank_pool):
     """The same run under both strategies: dense, the metrics are equal to the last bit (the
     reduce-scatter averages what the all-reduce averages; the rank that evaluates only because
     an FSDP forward needs every rank keeps its random streams; local clipping sees the same
     whole local gradient); with PowerSGD the levels, floats and bytes are equal and the floats
     agree as _agree says."""
-    from conftest import read_metrics, train
+    from conftest import read_metrics, train_in_pool
 
-    runs = {strategy: read_metrics(train([*TRAINER_CASES[case], f"dist.strategy={strategy}"],
-                                         tmp_path / strategy))
+    runs = {strategy: read_metrics(train_in_pool(
+                rank_pool, [*TRAINER_CASES[case], f"dist.strategy={strategy}"], tmp_path / strategy))
             for strategy in ("ddp", "fsdp")}
     assert len(runs["ddp"]) == len(runs["fsdp"]) == 2
     for ddp, fsdp in zip(runs["ddp"], runs["fsdp"]):

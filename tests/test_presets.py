@@ -20,7 +20,7 @@ from accordion_repro.engine.lr import build_epoch_lr, decay_epochs
 from accordion_repro.engine.settings import DistSettings, OptimSettings
 from accordion_repro.errors import DatasetMissingError
 from accordion_repro.models import build_model, count_parameters
-from conftest import CONF_DIR, compose_cfg, read_metrics, read_summary, train
+from conftest import CONF_DIR, compose_cfg, read_metrics, read_summary, train, train_in_pool
 
 EXPERIMENT_DIR = CONF_DIR / "experiment"
 CELLS = {cell.preset: cell for table in TABLES.values() for cell in table.cells}
@@ -464,17 +464,6 @@ def test_a_long_override_list_still_makes_a_valid_directory_name():
 SHARDED_PRESETS = [preset for preset in PRESETS if preset.split("/")[0] in ("table1", "table3")]
 
 
-@pytest.fixture(scope="module")
-def rank_pool():
-    """Two gloo ranks for all the FSDP presets (tests/harness/rank_pool.py: a start each would
-    cost more than the one step)."""
-    from harness.rank_pool import RankPool
-
-    pool = RankPool()
-    yield pool
-    pool.close()
-
-
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("preset", SHARDED_PRESETS)
@@ -483,15 +472,12 @@ def test_table1_and_table3_presets_train_a_step_under_fsdp(preset, rank_pool, tm
     synthetic stand-in, 2 ranks, one step: the preset's reducer runs inside FSDP's
     reduce-scatter of every unit (the LSTM's local clipping in its one unit)."""
     dataset = SYNTHETIC[CELLS[preset].dataset]
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    settings = validate(compose_cfg([
-        "logger.wandb.mode=disabled", "trainer.progress=never",
+    run_dir = train_in_pool(rank_pool, [
         f"experiment={preset}", "scale=cpu", f"dataset={dataset}", *TINY[dataset],
         "dataset.subset=null", "dist.nproc_per_node=2", "dist.strategy=fsdp",
         "trainer.epochs=1", "trainer.max_steps_per_epoch=1", "trainer.max_eval_steps=1",
-        "trainer.batch_size=2", "trainer.eval_batch_size=2", "trainer.checkpoint=false"]))
-    rank_pool.train(settings, run_dir)
+        "trainer.batch_size=2", "trainer.eval_batch_size=2", "trainer.checkpoint=false"],
+        tmp_path / "run")
     metrics, summary = read_metrics(run_dir), read_summary(run_dir)
     assert summary["status"] == "completed" and [m["steps"] for m in metrics] == [1]
     assert metrics[0]["bytes_sent"] > 0 and summary["world_size"] == 2
