@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 from accordion_repro.comm import build_reducer
 from accordion_repro.launch import free_port
 from accordion_repro.models import build_model
-from conftest import read_metrics, train
+from conftest import read_metrics, train, train_in_pool
 
 TINY = ["model=resnet18", "model.width=0.125", "dataset=synthetic_cifar10", "dataset.train_size=128",
         "dataset.test_size=32", "trainer.batch_size=16", "trainer.eval_batch_size=32",
@@ -42,8 +42,8 @@ def test_accordion_moves_layers_to_high_and_back_to_low_at_the_decay(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_batch_accordion_switches_batch_and_lr_at_the_logged_epoch(tmp_path):
-    run_dir = train([*TINY, "dist.nproc_per_node=2", "trainer.batch_size=8", "trainer.epochs=4",
+def test_batch_accordion_switches_batch_and_lr_at_the_logged_epoch(tmp_path, rank_pool):
+    run_dir = train_in_pool(rank_pool, [*TINY, "dist.nproc_per_node=2", "trainer.batch_size=8", "trainer.epochs=4",
                      "schedule=batch_accordion", "schedule.low=16", "schedule.high=64",
                      "schedule.mode=fixed_epoch", "schedule.switch_epoch=2"], tmp_path / "run")
     metrics = read_metrics(run_dir)
@@ -55,8 +55,8 @@ def test_batch_accordion_switches_batch_and_lr_at_the_logged_epoch(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_joint_schedule_drives_levels_and_batch_from_one_detector(tmp_path):
-    run_dir = train([*TINY, "dist.nproc_per_node=2", "trainer.batch_size=8", "trainer.epochs=4",
+def test_joint_schedule_drives_levels_and_batch_from_one_detector(tmp_path, rank_pool):
+    run_dir = train_in_pool(rank_pool, [*TINY, "dist.nproc_per_node=2", "trainer.batch_size=8", "trainer.epochs=4",
                      "compressor=powersgd", "schedule=joint", "schedule.low=2",
                      "schedule.high=1", "schedule.batch_low=16", "schedule.batch_high=64",
                      "schedule.interval=1", "schedule.eta=100"], tmp_path / "run")

@@ -556,18 +556,19 @@ def _dense_and_fixed_floats():
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_pinned_to_2_1_and_eta_half_auto_equals_accordion_on_two_ranks(tmp_path):
+def test_pinned_to_2_1_and_eta_half_auto_equals_accordion_on_two_ranks(tmp_path, rank_pool):
     """Acceptance 5 on 2 gloo ranks: schedule=auto with low=2, high=1 and eta 0.5 fixed logs
     the very metrics of schedule=accordion 2<->1 (losses, accuracies, floats, levels, the
     detector's norms and ratios), every number to the last digit; auto only adds its error
     table and its own eta to the log."""
-    from conftest import read_metrics, train
+    from conftest import read_metrics, train_in_pool
 
     common = [*(o for o in TRAINER if not o.startswith("trainer.epochs")), "trainer.epochs=4",
               "compressor=powersgd", "schedule.interval=1", "schedule.low=2", "schedule.high=1",
               "schedule.eta=0.5", "optim.decay_at=[3]"]
-    auto = read_metrics(train([*common, "schedule=auto"], tmp_path / "auto"))
-    accordion = read_metrics(train([*common, "schedule=accordion"], tmp_path / "accordion"))
+    auto = read_metrics(train_in_pool(rank_pool, [*common, "schedule=auto"], tmp_path / "auto"))
+    accordion = read_metrics(train_in_pool(rank_pool, [*common, "schedule=accordion"],
+                                           tmp_path / "accordion"))
     for a, b in zip(auto, accordion, strict=True):
         a_detector = {k: v for k, v in a.pop("detector").items() if k not in ("ranks", "errors")}
         assert a_detector == b.pop("detector")
@@ -580,17 +581,18 @@ def test_pinned_to_2_1_and_eta_half_auto_equals_accordion_on_two_ranks(tmp_path)
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("compressor, budget", [("powersgd", 0.2), ("topk", 0.05)])
-def test_a_two_rank_run_stays_within_its_traffic_budget(tmp_path, compressor, budget):
+def test_a_two_rank_run_stays_within_its_traffic_budget(tmp_path, compressor, budget, rank_pool):
     """Acceptance 6 (the budget) and Top-K on 2 gloo ranks: with low_share 0 every layer runs at
     its budgeted `high` from the second check on, and a step then sends at most budget x the
     compressible layers' dense floats plus the never-compressed tensors, within 5 %. The levels
     agree across the ranks (the trainer checks them before every forward), and Top-K's are
     fractions of its grid below the break-even 1/4."""
-    from conftest import read_metrics, train
+    from conftest import read_metrics, train_in_pool
 
-    run = train([*TRAINER, f"compressor={compressor}", "schedule=auto",
-                 "schedule.interval=1", "schedule.low_share=0.0", f"schedule.budget={budget}",
-                 "schedule.max_rank=8", "optim.decay_at=[]"], tmp_path / "run")
+    run = train_in_pool(rank_pool, [
+        *TRAINER, f"compressor={compressor}", "schedule=auto", "schedule.interval=1",
+        "schedule.low_share=0.0", f"schedule.budget={budget}", "schedule.max_rank=8",
+        "optim.decay_at=[]"], tmp_path / "run")
     metrics = read_metrics(run)
     dense, fixed = _dense_and_fixed_floats()
     # epoch 0: before any table; epoch 1: all critical after the first check; epoch 2: the

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from accordion_repro.engine import precision
-from conftest import read_metrics, train
+from conftest import read_metrics, train, train_in_pool
 
 TINY = ["model=resnet18", "model.width=0.125", "dataset=synthetic_cifar10", "dataset.train_size=64",
         "dataset.test_size=32", "compressor=powersgd", "schedule=accordion", "schedule.interval=1",
@@ -54,10 +54,11 @@ def test_an_fp16_overflow_skips_the_step_and_halves_the_scale(tmp_path, monkeypa
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_channels_last_gives_the_same_training_on_two_ranks(tmp_path):
+def test_channels_last_gives_the_same_training_on_two_ranks(tmp_path, rank_pool):
     two = ["dist.nproc_per_node=2"]
-    plain = read_metrics(train([*TINY, *two], tmp_path / "plain"))
-    nhwc = read_metrics(train([*TINY, *two, "trainer.channels_last=true"], tmp_path / "nhwc"))
+    plain = read_metrics(train_in_pool(rank_pool, [*TINY, *two], tmp_path / "plain"))
+    nhwc = read_metrics(train_in_pool(rank_pool, [*TINY, *two, "trainer.channels_last=true"],
+                                      tmp_path / "nhwc"))
     # the same numbers up to the convolutions' summation order (NHWC kernels differ from NCHW
     # ones by about 1e-4 relative in the loss of epoch 0 on AVX512; the second epoch, trained
     # from weights that already differ, by up to 0.31 % on an AVX2 CPU)
