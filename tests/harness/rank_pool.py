@@ -29,7 +29,9 @@ def _rank_loop(rank: int, store_file: str, jobs, results) -> None:
     import torch.distributed as dist
 
     from accordion_repro.engine.trainer import Trainer
+    from accordion_repro.utils import die_with_parent
 
+    die_with_parent()  # a test process killed outright leaves no rank behind
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(WORLD), GLOO_SOCKET_IFNAME="lo")
