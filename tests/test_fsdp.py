@@ -396,6 +396,28 @@ def test_trainer_refuses_what_fsdp_cannot_shard_before_any_rank_starts(case):
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize("version, refused", [("2.8.1", True), ("2.9.0", False)],
+                         ids=["torch_2.8", "torch_2.9"])
+def test_fsdp_on_a_torch_without_custom_collectives_is_refused_in_one_line(monkeypatch, version,
+                                                                           refused):
+    """A torch older than pytorch#155189 lacks what the compression inside FSDP plugs into:
+    refused before any rank starts, naming the version it needs (not an AttributeError inside
+    the ranks)."""
+    from accordion_repro.config import validate
+    from accordion_repro.errors import ConfigError
+    from conftest import compose_cfg
+
+    monkeypatch.setattr(torch, "__version__", version)
+    cfg = compose_cfg(["dataset=synthetic_cifar10", "dist.strategy=fsdp", "dist.nproc_per_node=2"])
+    if not refused:
+        assert validate(cfg).dist.strategy == "fsdp"
+        return
+    with pytest.raises(ConfigError, match=r"^dist.strategy: fsdp needs torch >= 2.9 .*this is "
+                                          r"torch 2.8.1: install a newer torch, or use "
+                                          r"dist.strategy=ddp$"):
+        validate(cfg)
+
+
 TRAINER_RUN = ["model=resnet18", "model.width=0.25", "dataset=synthetic_cifar10",
                "dataset.train_size=48", "dataset.test_size=16", "trainer.batch_size=8",
                "trainer.eval_batch_size=16", "dist.nproc_per_node=2", "trainer.epochs=2",
