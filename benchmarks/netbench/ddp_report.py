@@ -130,7 +130,7 @@ def markdown(rows: Sequence[dict], command: str = "") -> str:
     lines += [readme_table(rows), "## Every row", "",
               "| link | width | arm | median ms | p25 | p75 | compute ms | B/rank/step "
               "| collectives | comm ms | bound ms | serial bound ms | x bound | / torch "
-              "| async / sync | / dense | load |",
+              "| async / sync | / dense | load (blank: not recorded) |",
               "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
