@@ -165,15 +165,12 @@ def check_level_owner(compressor: str, options: Mapping, schedule: str) -> None:
 
 def _check_fsdp(t, world: int) -> None:
     """dist.strategy=fsdp refuses, before any rank starts, what it cannot shard (one line each)."""
-    import torch
+    from accordion_repro.torch_apis import torch_too_old_for
 
-    from accordion_repro.torch_apis import oldest_torch, version_tuple
-
-    need = oldest_torch("fsdp")
-    _require(version_tuple(torch.__version__) >= version_tuple(need), "dist.strategy",
-             f"fsdp needs torch >= {need} (FSDP2's custom reduce-scatter and all-gather, "
-             f"pytorch#155189); this is torch {torch.__version__}: install a newer torch, or use "
-             "dist.strategy=ddp")
+    too_old = torch_too_old_for("fsdp")
+    _require(too_old is None, "dist.strategy",
+             f"fsdp (FSDP2's custom reduce-scatter and all-gather, pytorch#155189) {too_old}: "
+             "install a newer torch, or use dist.strategy=ddp")
     _require(world >= 2, "dist.strategy",
              f"fsdp needs 2 or more ranks, got {world}: with one, FSDP reduces nothing and the "
              "compressor never runs (dist.nproc_per_node=2, or dist.strategy=ddp)")

@@ -102,3 +102,14 @@ def oldest_torch(feature: str | None = None) -> str:
     """The newest 'added' of the TORCH_APIS every run needs (and, with `feature`, of that
     optional path's): the oldest torch that has all of them."""
     return max((a.added for a in TORCH_APIS if a.feature in (None, feature)), key=version_tuple)
+
+
+def torch_too_old_for(feature: str) -> str | None:
+    """None if the installed torch has every API of `feature`'s path; else one line saying
+    which torch it needs (config.validate and comm/fsdp.py refuse with it before any work)."""
+    import torch
+
+    need = oldest_torch(feature)
+    if version_tuple(torch.__version__) >= version_tuple(need):
+        return None
+    return f"needs torch >= {need}; this is torch {torch.__version__}"

@@ -412,10 +412,22 @@ def test_fsdp_on_a_torch_without_custom_collectives_is_refused_in_one_line(monke
     if not refused:
         assert validate(cfg).dist.strategy == "fsdp"
         return
-    with pytest.raises(ConfigError, match=r"^dist.strategy: fsdp needs torch >= 2.9 .*this is "
+    with pytest.raises(ConfigError, match=r"^dist.strategy: fsdp .*needs torch >= 2.9; this is "
                                           r"torch 2.8.1: install a newer torch, or use "
                                           r"dist.strategy=ddp$"):
         validate(cfg)
+
+
+def test_own_code_accordion_on_fsdp_with_a_torch_too_old_is_refused_in_one_line(one_rank_group,
+                                                                                monkeypatch):
+    from accordion_repro.comm.fsdp import FSDPSetupError
+    from accordion_repro.ddp import Accordion
+
+    model = _shard(SmallNet())
+    monkeypatch.setattr(torch, "__version__", "2.8.1")
+    with pytest.raises(FSDPSetupError, match=r"needs torch >= 2.9; this is torch 2.8.1: install "
+                                              r"a newer torch, or wrap the model in DDP$"):
+        Accordion(model, "powersgd", low=2, high=1)
 
 
 TRAINER_RUN = ["model=resnet18", "model.width=0.25", "dataset=synthetic_cifar10",

@@ -171,6 +171,12 @@ def check_fsdp_model(model: torch.nn.Module):
     from torch.distributed.fsdp import FullyShardedDataParallel
     from torch.distributed.fsdp._fully_shard._fsdp_common import DDPMeshInfo, FSDPMeshInfo
 
+    from accordion_repro.torch_apis import torch_too_old_for
+
+    too_old = torch_too_old_for("fsdp")
+    if too_old is not None:
+        raise FSDPSetupError(f"Accordion inside FSDP2's reduce-scatter (pytorch#155189) "
+                             f"{too_old}: install a newer torch, or wrap the model in DDP")
     if isinstance(model, FullyShardedDataParallel) or any(
             isinstance(m, FullyShardedDataParallel) for m in model.modules()):
         raise FSDPSetupError("Accordion supports FSDP2 (torch.distributed.fsdp.fully_shard), not "
