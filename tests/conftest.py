@@ -107,8 +107,12 @@ def train(overrides: list[str], run_dir: Path) -> Path:
     """Compose, validate and run the trainer exactly as the CLI does (spawning ranks if asked)."""
     from accordion_repro.train import run
 
-    cfg = compose_cfg(["logger.wandb.mode=disabled", "trainer.progress=never", *overrides])
-    return run(cfg, Path(run_dir))
+    return run(_quiet_cfg(overrides), Path(run_dir))
+
+
+def _quiet_cfg(overrides: list[str]):
+    """A test run's config: no wandb, no progress bar."""
+    return compose_cfg(["logger.wandb.mode=disabled", "trainer.progress=never", *overrides])
 
 
 @pytest.fixture(scope="module")
@@ -127,8 +131,7 @@ def train_in_pool(pool, overrides: list[str], run_dir: Path) -> Path:
     Trainer on both ranks (nothing of the launcher: no lock, no resolved.yaml, no spawn)."""
     from accordion_repro.config import validate
 
-    settings = validate(compose_cfg(["logger.wandb.mode=disabled", "trainer.progress=never",
-                                     *overrides]))
+    settings = validate(_quiet_cfg(overrides))
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     pool.train(settings, run_dir)

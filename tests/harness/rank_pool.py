@@ -2,9 +2,9 @@
 
 Why: starting two ranks costs about 8 CPU-s (each imports torch and torch._dynamo), which a
 one-step run pays many times over; tests/test_presets.py's 28 FSDP presets spent some 240 CPU-s
-mostly on starts. These ranks start once; each job runs the Trainer the launcher runs
-(launch._run's body, without joining or leaving the group) on RunSettings validated in the
-test's own process, as the CLI validates them. A job that fails or times out ends the pool
+mostly on starts. These ranks start once; each job is the launcher's rank body
+(launch._run, without leaving the group) on RunSettings validated in the test's own process, as
+the CLI validates them. A job that fails or times out ends the pool
 (its group may be unusable); the next job starts a new one. The launcher's own path (spawn,
 signals, a dead rank) is tested by tests/test_train.py and tests/test_run_integrity.py.
 """
@@ -28,7 +28,7 @@ def _rank_loop(rank: int, store_file: str, jobs, results) -> None:
     import torch
     import torch.distributed as dist
 
-    from accordion_repro.engine.trainer import Trainer
+    from accordion_repro.launch import _exit_without_finalizing, _run
     from accordion_repro.utils import die_with_parent
 
     die_with_parent()  # a test process killed outright leaves no rank behind
@@ -40,13 +40,13 @@ def _rank_loop(rank: int, store_file: str, jobs, results) -> None:
     while (job := jobs.get()) is not None:
         run, run_dir = job
         try:
-            Trainer(run, Path(run_dir)).fit()
+            _run(run, Path(run_dir))  # the launcher's rank body, the group left standing
             dist.barrier()
             results.put((rank, None))
         except BaseException:  # noqa: BLE001  (reported to the test, which fails naming it)
             results.put((rank, traceback.format_exc()))
             break
-    os._exit(0)  # as a launched rank: no interpreter teardown of torch's objects
+    _exit_without_finalizing()  # as a launched rank: no teardown of torch's objects
 
 
 class RankPool:
@@ -54,7 +54,7 @@ class RankPool:
 
     def __init__(self, timeout_s: float = 300.0):
         self.timeout_s = timeout_s
-        self._context = None
+        self._processes: list = []  # none while the pool is not started
 
     def _start(self) -> None:
         ctx = mp.get_context("spawn")
@@ -67,11 +67,10 @@ class RankPool:
                            for rank in range(WORLD)]
         for process in self._processes:
             process.start()
-        self._context = ctx
 
     def train(self, run, run_dir: Path) -> None:
         """Run the job on both ranks; AssertionError with the ranks' tracebacks if it fails."""
-        if self._context is None:
+        if not self._processes:
             self._start()
         for jobs in self._jobs:
             jobs.put((run, str(run_dir)))
@@ -98,7 +97,7 @@ class RankPool:
 
     def close(self, wait_s: float = 30) -> None:
         """Ask the ranks to leave; kill any that have not within `wait_s`."""
-        if self._context is None:
+        if not self._processes:
             return
         for jobs in self._jobs:
             jobs.put(None)
@@ -108,4 +107,4 @@ class RankPool:
                 process.kill()
                 process.join()
         self._store.cleanup()
-        self._context = None
+        self._processes = []
