@@ -18,6 +18,11 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 torch.set_num_threads(1)
 os.environ.setdefault("WANDB_SILENT", "true")
+# GNU OpenMP's default wait policy keeps an idle thread spinning between parallel regions. On
+# the suite's two busy cores a one-rank CLI run (two OpenMP threads) then burnt 17-21 CPU-s
+# instead of 9-10 for the same steps and the same numbers, and took up to 4x the wall time: every
+# process the suite starts (read by libgomp when it loads) waits passively instead.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 # The files that take longest (Slurm clusters, two hosts, kills and resumes), longest first.
