@@ -8,12 +8,12 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from accordion_repro.comm import build_reducer
 from accordion_repro.launch import free_port
 from accordion_repro.models import build_model
 from conftest import read_metrics, train, train_in_pool
+from harness import forked_ranks
 
 TINY = ["model=resnet18", "model.width=0.125", "dataset=synthetic_cifar10", "dataset.train_size=128",
         "dataset.test_size=32", "trainer.batch_size=16", "trainer.eval_batch_size=32",
@@ -98,7 +98,7 @@ def _decide(rank: int, port: int, out) -> None:
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_every_rank_applies_rank0_decision_when_local_gradients_differ():
-    ctx = mp.get_context("spawn")
+    ctx = forked_ranks.context()
     queue = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_decide, args=(r, port, queue)) for r in range(2)]

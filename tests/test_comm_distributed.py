@@ -10,6 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from accordion_repro.comm import build_reducer
+from harness import forked_ranks
 
 pytestmark = pytest.mark.distributed
 
@@ -23,7 +24,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank, fn, port, out_dir):
+def _entry(rank, fn, port, out_dir, environ):
+    forked_ranks.adopt_environment(environ)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=WORLD)
@@ -40,8 +42,9 @@ def _entry(rank, fn, port, out_dir):
 def run_workers(fn, tmp_path, timeout=240):
     """Run fn(rank) on 2 gloo ranks; returns [result of rank 0, result of rank 1]. `timeout`
     only catches a hang: spawning two ranks took over 90 s on 2 cores under a load of 13."""
-    context = mp.start_processes(_entry, args=(fn, free_port(), str(tmp_path)), nprocs=WORLD,
-                                 join=False, start_method="spawn")
+    forked_ranks.context()  # tests/harness/forked_ranks.py: the ranks fork from a preloaded server
+    context = mp.start_processes(_entry, args=(fn, free_port(), str(tmp_path), dict(os.environ)),
+                                 nprocs=WORLD, join=False, start_method="forkserver")
     try:
         import time
 

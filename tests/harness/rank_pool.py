@@ -19,12 +19,13 @@ import time
 import traceback
 from pathlib import Path
 
-import torch.multiprocessing as mp
+from harness import forked_ranks
 
 WORLD = 2
 
 
-def _rank_loop(rank: int, store_file: str, jobs, results) -> None:
+def _rank_loop(rank: int, store_file: str, jobs, results, environ: dict[str, str]) -> None:
+    forked_ranks.adopt_environment(environ)
     import torch
     import torch.distributed as dist
 
@@ -57,13 +58,14 @@ class RankPool:
         self._processes: list = []  # none while the pool is not started
 
     def _start(self) -> None:
-        ctx = mp.get_context("spawn")
+        ctx = forked_ranks.context()
         self._store = tempfile.TemporaryDirectory(prefix="rank-pool-")
         store_file = os.path.join(self._store.name, "store")
         self._jobs = [ctx.Queue() for _ in range(WORLD)]
         self._results = ctx.Queue()
         self._processes = [ctx.Process(target=_rank_loop, args=(rank, store_file, self._jobs[rank],
-                                                                 self._results), daemon=True)
+                                                                 self._results, dict(os.environ)),
+                                       daemon=True)
                            for rank in range(WORLD)]
         for process in self._processes:
             process.start()

@@ -1,0 +1,31 @@
+"""The test harnesses' ranks forked from a server that imported torch once, instead of spawned.
+
+Why: a spawned rank spent about 3 of its 4 CPU-s importing torch and torch._dynamo, some 60
+times a suite (run_workers, the rank pool). multiprocessing's forkserver imports them once per
+test process, in a fresh interpreter that runs no torch op (no OpenMP or intra-op thread pool
+for a child to inherit), and forks each rank from it: the functions in
+tests/test_comm_distributed.py took 115 s instead of 146 s on two workers. Each rank is still a
+new process. A forked rank starts with the server's environment, taken when it started:
+`adopt_environment` gives it the test's. The launcher's own ranks stay spawned, as a user's are.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch.multiprocessing as mp
+
+PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "accordion_repro.engine.trainer"]
+
+
+def context():
+    """multiprocessing's forkserver context, its server (started at the first rank) preloaded."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def adopt_environment(environ: dict[str, str]) -> None:
+    """First thing in a forked rank: the environment of the test that started it."""
+    os.environ.clear()
+    os.environ.update(environ)
