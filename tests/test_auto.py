@@ -320,12 +320,12 @@ def test_topk_options_are_checked_against_the_world_size():
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_a_two_rank_auto_run_moves_levels_and_resumes_to_the_same_decisions(tmp_path):
+def test_a_two_rank_auto_run_moves_levels_and_resumes_to_the_same_decisions(tmp_path, rank_pool):
     """Through the trainer on 2 gloo ranks (the level check before every forward would stop
     ranks whose levels differ): the measured endpoints move layers off the largest candidate,
     and a run stopped after epoch 0 and resumed logs the uninterrupted run's metrics, levels
     and detector ratios included."""
-    from conftest import read_metrics, read_summary, train
+    from conftest import read_metrics, read_summary, train_in_pool
 
     common = ["model=resnet18", "model.width=0.125", "dataset=synthetic_cifar10",
               "dataset.train_size=128", "dataset.test_size=32", "trainer.batch_size=16",
@@ -333,10 +333,10 @@ def test_a_two_rank_auto_run_moves_levels_and_resumes_to_the_same_decisions(tmp_
               "schedule.interval=1", "schedule.low_share=0.3", "schedule.max_rank=8",
               "dist.nproc_per_node=2", "trainer.epochs=3", "trainer.max_steps_per_epoch=3",
               "optim.warmup_epochs=0", "optim.decay_at=[2]"]
-    whole = train(common, tmp_path / "whole")
-    train(common + ["trainer.stop_after_epoch=0"], tmp_path / "split")
+    whole = train_in_pool(rank_pool, common, tmp_path / "whole")
+    train_in_pool(rank_pool, common + ["trainer.stop_after_epoch=0"], tmp_path / "split")
     assert read_summary(tmp_path / "split")["status"] == "stopped"
-    train(common, tmp_path / "split")
+    train_in_pool(rank_pool, common, tmp_path / "split")
     timing = {"epoch_time_s", "compute_time_s", "comm_time_s"}
     full, split = read_metrics(whole), read_metrics(tmp_path / "split")
     assert [{k: v for k, v in r.items() if k not in timing} for r in full] == \

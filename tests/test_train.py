@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import torch
 
 from accordion_repro.engine import checkpoint
 from accordion_repro.errors import ConfigError, DatasetMissingError
-from conftest import REPO, compose_cfg, read_metrics, read_summary, train
+from conftest import REPO, compose_cfg, read_metrics, read_summary, train, train_in_pool
 
 SMALL_IMAGE = ["dataset=synthetic_cifar10", "dataset.train_size=64", "dataset.test_size=32",
                "trainer.batch_size=8", "trainer.eval_batch_size=16"]
@@ -61,10 +62,11 @@ def _lstm_overrides(nproc: int, batch: int) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_two_ranks_match_one_rank_on_the_same_global_batch(tmp_path):
+def test_two_ranks_match_one_rank_on_the_same_global_batch(tmp_path, rank_pool):
     """Each rank's contiguous shard holds the same columns as one rank's twice-as-wide batch."""
     one = train(_lstm_overrides(1, 8) + ["optim.reference_batch=8"], tmp_path / "one")
-    two = train(_lstm_overrides(2, 4) + ["optim.reference_batch=8"], tmp_path / "two")
+    two = train_in_pool(rank_pool, _lstm_overrides(2, 4) + ["optim.reference_batch=8"],
+                        tmp_path / "two")
     a = checkpoint.read(one / "checkpoints" / "last.pt")["model"]
     b = checkpoint.read(two / "checkpoints" / "last.pt")["model"]
     assert read_metrics(one)[0]["lr"] == pytest.approx(read_metrics(two)[0]["lr"])
@@ -79,17 +81,20 @@ STRATEGIES = {"ddp": [], "fsdp": ["dist.strategy=fsdp", "dist.nproc_per_node=2"]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=pytest.mark.distributed)])
-def test_resume_continues_identically(tmp_path, strategy):
+def test_resume_continues_identically(tmp_path, strategy, rank_pool):
     """Under fsdp the checkpoint holds the whole model and optimizer (gathered from the
-    shards), each rank's reducer (error memory, Q) and rank 0's detector, as under ddp."""
+    shards), each rank's reducer (error memory, Q) and rank 0's detector, as under ddp. (The
+    two fsdp ranks are the pool's: the checkpoint and its resume are the trainer's, not the
+    launcher's.)"""
+    run = functools.partial(train_in_pool, rank_pool) if strategy == "fsdp" else train
     common = ["model=resnet18", "model.width=0.125", *SMALL_IMAGE, "compressor=powersgd",
               "schedule=accordion", "schedule.low=2", "schedule.high=1",
               "schedule.interval=1", "trainer.epochs=3", "trainer.max_steps_per_epoch=3",
               "optim.warmup_epochs=1", "optim.decay_at=[2]", *STRATEGIES[strategy]]
-    whole = train(common, tmp_path / "whole")
-    train(common + ["trainer.stop_after_epoch=0"], tmp_path / "split")
+    whole = run(common, tmp_path / "whole")
+    run(common + ["trainer.stop_after_epoch=0"], tmp_path / "split")
     assert read_summary(tmp_path / "split")["status"] == "stopped"
-    train(common, tmp_path / "split")
+    run(common, tmp_path / "split")
     full, split = read_metrics(whole), read_metrics(tmp_path / "split")
     assert len(full) == len(split) == 3
     for a, b in zip(full, split):
