@@ -10,6 +10,7 @@ rules live in one place. What the checks read is kept: validate returns it as Ru
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -65,8 +66,16 @@ def _own_level(schedule: str, level: Any) -> Any:
     return None if cls is not None and cls.sets_levels else level
 
 
+def _pid() -> str:
+    """This process's id: each process of a job (every rank under torchrun or srun runs the CLI)
+    gets its own `hydra.output_subdir`, .hydra/pending-<pid>, so none moves or deletes another's
+    files while that one is still writing them."""
+    return str(os.getpid())
+
+
 def register_resolvers() -> None:
     """Resolvers the conf/ tree uses; safe to call more than once."""
+    OmegaConf.register_new_resolver("acc.pid", _pid, replace=True)
     OmegaConf.register_new_resolver("acc.subdir", _subdir, replace=True)
     OmegaConf.register_new_resolver("acc.mul", _mul, replace=True)
     OmegaConf.register_new_resolver("acc.own_level", _own_level, replace=True)

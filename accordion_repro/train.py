@@ -80,16 +80,22 @@ def main(cfg: DictConfig) -> None:
             print(f"error: {exc}", file=sys.stderr)
             sys.exit(2 if isinstance(exc, USER_ERRORS) else 1)
         finally:
-            if pending is not None and pending.name == "pending":  # a refused job's, a rank's
+            if is_pending(pending):  # a refused job's, a rank's
                 shutil.rmtree(pending, ignore_errors=True)
         if env_rank() == 0:
             print(closing_summary(run_dir, Path(cfg.paths.runs_dir)))
 
 
+def is_pending(folder: Path | None) -> bool:
+    """Whether `folder` is this process's .hydra/pending-<pid> (conf/config.yaml), not a folder
+    a user's `hydra.output_subdir` names."""
+    return folder is not None and folder.name.startswith("pending-") and folder.parent.name == ".hydra"
+
+
 def keep_hydra_files(pending: Path | None) -> None:
-    """An accepted job's Hydra files (conf/config.yaml `hydra.output_subdir`: .hydra/pending)
+    """An accepted job's Hydra files (conf/config.yaml `hydra.output_subdir`: .hydra/pending-<pid>)
     replace those in .hydra/; until then .hydra/ holds the files of the run the directory has."""
-    if pending is None or pending.name != "pending" or not pending.is_dir():
+    if not is_pending(pending) or not pending.is_dir():
         return
     for path in pending.iterdir():
         os.replace(path, pending.parent / path.name)

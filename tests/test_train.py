@@ -313,3 +313,25 @@ def test_clip_point_is_checked():
     with pytest.raises(ConfigError) as caught:
         train(["dataset=synthetic_cifar10", "optim.clip_point=before"], Path("/nonexistent"))
     assert caught.value.key == "optim.clip_point"
+
+
+def test_each_process_moves_only_its_own_hydra_files(tmp_path):
+    """Every rank of a multi-node job runs the CLI on one run directory, so rank 0 moves its
+    Hydra files up while another rank may still be writing its own: each process has its own
+    pending folder (a two-node requeue once failed on `rmdir` of a shared .hydra/pending)."""
+    from omegaconf import OmegaConf
+
+    from accordion_repro.config import register_resolvers
+    from accordion_repro.train import keep_hydra_files
+
+    register_resolvers()
+    subdir = OmegaConf.load(REPO / "conf" / "config.yaml").hydra.output_subdir
+    assert subdir == f".hydra/pending-{os.getpid()}"
+    hydra_dir = tmp_path / ".hydra"
+    mine, other = hydra_dir / "pending-1", hydra_dir / "pending-2"
+    for folder in (mine, other):
+        folder.mkdir(parents=True)
+        (folder / "config.yaml").write_text(folder.name)
+    keep_hydra_files(mine)
+    assert (hydra_dir / "config.yaml").read_text() == "pending-1" and not mine.exists()
+    assert (other / "config.yaml").read_text() == "pending-2"
