@@ -28,8 +28,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The files that take longest (Slurm clusters, two hosts, kills and resumes), longest first.
 # `make test` runs two workers that each take whole files in collection order: starting these
 # first lets the short files fill the other worker, so both finish at about the same time.
-LONGEST_FILES = ("test_slurm.py", "test_multinode.py", "test_run_integrity.py",
-                 "test_gpu_check.py", "test_netbench_wholerun.py", "test_sweeps.py")
+LONGEST_FILES = ("test_slurm.py", "test_run_integrity.py", "test_presets.py", "test_gpu_check.py",
+                 "test_multinode.py", "test_train.py", "test_netbench_wholerun.py", "test_sweeps.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -15,7 +15,11 @@ import os
 
 import torch.multiprocessing as mp
 
-PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "accordion_repro.engine.trainer"]
+# What a rank and the CLI (forked_cli.py) import before their first argument; never
+# accordion_repro.train itself, which the CLI runs as __main__.
+PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "accordion_repro.engine.trainer", "hydra",
+           "accordion_repro.config", "accordion_repro.launch", "accordion_repro.rundir",
+           "accordion_repro.data"]
 
 
 def context():
