@@ -40,6 +40,19 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=rank)  # stable: the order within a file and among the others is kept
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Each test gets the worker's environment as the one before it left it: code under test
+    that sets a variable for the processes it starts (benchmarks.harness.run_ranks sets
+    OMP_NUM_THREADS=1 for its ranks) set it for every later test of its worker, and the
+    CLI those tests started ran on one thread instead of two."""
+    before = dict(os.environ)
+    yield
+    if dict(os.environ) != before:
+        os.environ.clear()
+        os.environ.update(before)
+
+
 # pyproject.toml's `slow` marker: "over ~3 s here". A test's cost is counted in CPU seconds
 # (its own process and every child it waited for), which the machine's load barely changes,
 # unlike wall time; `make test` lists the unmarked tests above this at its end.

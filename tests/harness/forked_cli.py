@@ -29,7 +29,14 @@ MODULE = "accordion_repro.train"
 
 
 def run_cli(args: list[str], *, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
-    """What subprocess.run([python, -m, MODULE, *args], capture_output=True, text=True) gives."""
+    """What subprocess.run([python, -m, MODULE, *args], capture_output=True, text=True) gives.
+    Refused when the test's environment sets a thread variable other than the server's: a forked
+    child could not honour it, and would compute other last bits than the CLI (seen once: a test
+    had left OMP_NUM_THREADS=1 in its worker's environment)."""
+    differences = _load_time_differences(dict(os.environ))
+    if differences:
+        raise RuntimeError(f"forked_cli cannot give a child {', '.join(differences)}: they are "
+                           f"read when OpenMP loads; start this CLI with subprocess")
     with tempfile.TemporaryDirectory(prefix="forked-cli-") as folder:
         out, err = Path(folder, "stdout"), Path(folder, "stderr")
         proc = forked_ranks.context().Process(
@@ -43,6 +50,17 @@ def run_cli(args: list[str], *, cwd: Path, timeout: float) -> subprocess.Complet
                                             err.read_text())
         return subprocess.CompletedProcess([sys.executable, "-m", MODULE, *args], proc.exitcode,
                                            out.read_text(), err.read_text())
+
+
+# Read by OpenMP and MKL when they load, that is in the server: a child cannot take other values.
+LOAD_TIME_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_")
+
+
+def _load_time_differences(environ: dict[str, str]) -> list[str]:
+    server = forked_ranks.SERVER_ENVIRONMENT
+    keys = {k for k in {*environ, *server} if k.startswith(LOAD_TIME_PREFIXES)}
+    return sorted(f"{k}={environ.get(k)!r} (server: {server.get(k)!r})" for k in keys
+                  if environ.get(k) != server.get(k))
 
 
 def _cli_process(args: list[str], environ: dict[str, str], cwd: str, out: str, err: str) -> None:

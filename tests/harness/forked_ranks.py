@@ -11,6 +11,8 @@ test's. The launcher's own ranks stay spawned, as a user's are.
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing.forkserver
 import os
 
 import torch.multiprocessing as mp
@@ -22,11 +24,29 @@ PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "accordion_repro.engin
            "accordion_repro.data"]
 
 
+# The environment the server starts with, whichever test starts it: the session's, taken when the
+# test files are imported, before any test has changed os.environ. What libraries read when they
+# load (OpenMP's OMP_* variables: torch's thread count) is fixed then, for every forked child.
+SERVER_ENVIRONMENT = dict(os.environ)
+
+
 def context():
-    """multiprocessing's forkserver context, its server (started at the first rank) preloaded."""
+    """multiprocessing's forkserver context, its server (started at the first call) preloaded."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
+    with _environment(SERVER_ENVIRONMENT):
+        multiprocessing.forkserver.ensure_running()
     return ctx
+
+
+@contextlib.contextmanager
+def _environment(environ: dict[str, str]):
+    saved = dict(os.environ)
+    adopt_environment(environ)
+    try:
+        yield
+    finally:
+        adopt_environment(saved)
 
 
 def adopt_environment(environ: dict[str, str]) -> None:
