@@ -87,7 +87,6 @@ def run_ranks(measure: Callable, args, timeout: float = 1200):
     what rank 0's measure returned. A rank that dies stops them all at once.
 
     `measure` must be a module-level function (the ranks are spawned and import it)."""
-    os.environ["OMP_NUM_THREADS"] = "1"
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
@@ -97,8 +96,18 @@ def run_ranks(measure: Callable, args, timeout: float = 1200):
     queue = ctx.Queue()
     processes = [ctx.Process(target=_loopback_rank, args=(r, port, measure, args, queue))
                  for r in range(WORLD)]
-    for p in processes:
-        p.start()
+    # One thread per rank, set while they start: OpenMP reads it as it loads in each rank,
+    # and the caller's own environment stays as it was (a test's worker kept it before).
+    caller = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        for p in processes:
+            p.start()
+    finally:
+        if caller is None:
+            del os.environ["OMP_NUM_THREADS"]
+        else:
+            os.environ["OMP_NUM_THREADS"] = caller
     deadline = time.monotonic() + timeout
     try:
         while True:

@@ -24,6 +24,9 @@ os.environ.setdefault("WANDB_SILENT", "true")
 # process the suite starts (read by libgomp when it loads) waits passively instead.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# Imported after the settings above: the forkserver's environment is os.environ at its import.
+from harness.forked_ranks import adopt_environment  # noqa: E402
+
 
 # The files that take longest (Slurm clusters, two hosts, kills and resumes), longest first.
 # `make test` runs two workers that each take whole files in collection order: starting these
@@ -49,8 +52,7 @@ def _environment_restored():
     before = dict(os.environ)
     yield
     if dict(os.environ) != before:
-        os.environ.clear()
-        os.environ.update(before)
+        adopt_environment(before)
 
 
 # pyproject.toml's `slow` marker: "over ~3 s here". A test's cost is counted in CPU seconds

@@ -8,6 +8,7 @@ module's own parser accepts.
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import subprocess
 import sys
@@ -88,7 +89,9 @@ def _sum_of_ranks(args, rank: int):
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_loopback_ranks_report_rank_zeros_record_and_a_dead_rank_stops_them():
+    caller = os.environ.get("OMP_NUM_THREADS")
     assert harness.run_ranks(_sum_of_ranks, "sum", timeout=300) == (3.0, harness.WORLD, 1)
+    assert os.environ.get("OMP_NUM_THREADS") == caller  # the ranks' setting, not the caller's
     # rank 1 exits with 3; rank 0, whose all-reduce then fails, may be gone before the harness
     # looks (exit 1, or -6: gloo aborts it in one run of a hundred) or not: the dead rank's code
     # is in the message either way, beside only non-zero ones

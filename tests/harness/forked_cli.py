@@ -26,6 +26,8 @@ from pathlib import Path
 from harness import forked_ranks
 
 MODULE = "accordion_repro.train"
+# Read by OpenMP and MKL when they load, that is in the server: a child cannot take other values.
+LOAD_TIME_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_")
 
 
 def run_cli(args: list[str], *, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
@@ -50,10 +52,6 @@ def run_cli(args: list[str], *, cwd: Path, timeout: float) -> subprocess.Complet
                                             err.read_text())
         return subprocess.CompletedProcess([sys.executable, "-m", MODULE, *args], proc.exitcode,
                                            out.read_text(), err.read_text())
-
-
-# Read by OpenMP and MKL when they load, that is in the server: a child cannot take other values.
-LOAD_TIME_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_")
 
 
 def _load_time_differences(environ: dict[str, str]) -> list[str]:
