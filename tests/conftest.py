@@ -166,6 +166,13 @@ def read_summary(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "summary.json").read_text())
 
 
+def files_named(root: Path, name: str) -> list[Path]:
+    """Every file called `name` below `root`, walked while a run may still be writing there:
+    a folder that goes away mid-walk (a process's `.hydra/pending-<pid>`, moved up and removed
+    when Hydra's files are kept) is skipped, where `Path.rglob` raises FileNotFoundError."""
+    return sorted(Path(folder) / name for folder, _, files in os.walk(root) if name in files)
+
+
 def wait_until(predicate, *, timeout: float, what: str, poll: float = 0.1, alive=None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

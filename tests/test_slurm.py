@@ -30,7 +30,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from accordion_repro.launch import free_port
-from conftest import REPO, SlurmCluster, read_metrics, read_summary, wait_until
+from conftest import REPO, SlurmCluster, files_named, read_metrics, read_summary, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +70,7 @@ def without_timing(records: list[dict]) -> list[dict]:
 def seed_runs(runs_dir: Path) -> dict[int, Path]:
     """seed -> run directory, for every run below runs_dir (the submitit folder aside)."""
     out = {}
-    for resolved in runs_dir.rglob("resolved.yaml"):
+    for resolved in files_named(runs_dir, "resolved.yaml"):
         if ".submitit" not in resolved.parts:
             out[int(OmegaConf.load(resolved).seed)] = resolved.parent
     return out
@@ -421,7 +421,7 @@ def test_a_killed_rank_fails_the_job_in_slurm_with_the_cause_in_its_log_and_no_p
     job_id, log, _ = sbatch(slurm_cluster, tmp_path, [*long_run(2), f"paths.runs_dir={runs_dir}"],
                             wait=False)
     try:
-        wait_until(lambda: next(iter(runs_dir.rglob("summary.json")), None) if runs_dir.exists() else None,
+        wait_until(lambda: files_named(runs_dir, "summary.json"),
                    timeout=180, what="the ranks to start training")
         pid = wait_until(lambda: _rank_pid(slurm_cluster, job_id, 1), timeout=60, what="rank 1")
         os.kill(pid, signal.SIGKILL)
