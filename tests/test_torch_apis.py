@@ -91,7 +91,8 @@ def test_the_tested_versions_are_pinned_in_constraints_and_used_by_make_install_
         assert version_tuple(pins[name]) >= version_tuple(_lower_bound(_declared()[name]))
     assert pins["torch"] == torch.__version__.split("+")[0]
     makefile = (REPO / "Makefile").read_text()
-    assert "pip install --quiet --no-compile -c constraints.txt -e '.[test]'" in makefile
+    assert "-m pip install --quiet -c constraints.txt uv\n" in makefile
+    assert "uv pip install --quiet --python $(PYTHON) \\\n\t\t-c constraints.txt -e '.[test]'" in makefile
     assert "make test" in (REPO / ".ci" / "run").read_text()  # CI runs through $(STAMP)
 
 
