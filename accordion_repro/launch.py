@@ -32,6 +32,7 @@ import contextlib
 import datetime
 import gc
 import logging
+import multiprocessing
 import os
 import re
 import shutil
@@ -258,7 +259,9 @@ def _run(run: RunSettings, run_dir: Path, in_group: bool = False) -> None:
             dist.destroy_process_group()
 
 
-def _spawned_worker(local_rank: int, run: RunSettings, run_dir: str, store_file: str) -> None:
+def _spawned_worker(local_rank: int, run: RunSettings, run_dir: str, store_file: str,
+                    environment: dict[str, str]) -> None:
+    _adopt_environment(environment)
     take_stop_signals_early(_stop_file(store_file))
     settings = run.dist
     world_size = settings.nproc_per_node
@@ -401,13 +404,59 @@ def _remove_stale_stores() -> None:
                 shutil.rmtree(path, ignore_errors=True)
 
 
+# What a CPU rank imports, imported once by the server its ranks are forked from (start_method):
+# what accordion_repro.train imports, never that module itself, which each rank runs as
+# __mp_main__ (multiprocessing's main-module fix-up warns when it was imported already).
+RANK_MODULES = ["hydra", "accordion_repro.config", "accordion_repro.data", "accordion_repro.rundir",
+                "accordion_repro.launch", "accordion_repro.engine.trainer", "torchvision"]
+
+
+def start_method(run: RunSettings) -> str:
+    """How local ranks start. On the CPU, "forkserver": each rank is forked from one server
+    process that imported torch, torchvision (and so torch._dynamo) and the trainer once, where
+    a spawned rank imports them itself (about 4 CPU-s each; torch's own start_processes names
+    forkserver for this, pytorch#133010). The server starts inside RELAY.starting, so it, and
+    every rank forked from it, ignores the stop signals until a rank installs its handlers, as
+    a spawned rank does; the server leaves when the launcher does (multiprocessing closes its
+    pipe), and the ranks with it (die_with_parent). With CUDA, "spawn": a rank must be the
+    first to touch CUDA in its process, and nothing here has checked that the server's imports
+    never do on a GPU machine. "spawn" too where the server's Unix socket would not fit its
+    address (a long TMPDIR, as on some clusters): the forkserver would not start."""
+    if run.trainer.use_cuda or len(_forkserver_socket_path()) > _UNIX_SOCKET_PATH_MAX:
+        return "spawn"
+    return "forkserver"
+
+
+_UNIX_SOCKET_PATH_MAX = 107  # sun_path is 108 bytes with its terminating NUL
+
+
+def _forkserver_socket_path() -> str:
+    """As long as the path multiprocessing gives the forkserver's socket:
+    <tempdir>/pymp-XXXXXXXX/listener-XXXXXXXX."""
+    return os.path.join(tempfile.gettempdir(), "pymp-" + "X" * 8, "listener-" + "X" * 8)
+
+
+def _adopt_environment(environment: dict[str, str]) -> None:
+    """A forked rank has its server's environment, taken when the server started: it takes the
+    launcher's, as a spawned rank would (a Hydra sweep job's env_set, a test's variables).
+    What a library read at import in the server (OpenMP's OMP_NUM_THREADS) stays the server's,
+    which was the launcher's too."""
+    if os.environ != environment:
+        os.environ.clear()
+        os.environ.update(environment)
+
+
 def _spawn(run: RunSettings, run_dir: Path, store_file: str) -> None:
     # torch's "Terminating process N via signal SIGTERM" after a failure: the job's own error
     # line says what happened.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    method = start_method(run)
+    if method == "forkserver":
+        multiprocessing.set_forkserver_preload(RANK_MODULES)  # once the server runs: unused
     with RELAY.starting(_stop_file(store_file)):
-        context = mp.start_processes(_spawned_worker, args=(run, str(run_dir), store_file),
-                                     nprocs=run.dist.nproc_per_node, join=False, start_method="spawn")
+        context = mp.start_processes(_spawned_worker,
+                                     args=(run, str(run_dir), store_file, dict(os.environ)),
+                                     nprocs=run.dist.nproc_per_node, join=False, start_method=method)
         RELAY.processes = context.processes
     try:
         while not context.join():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -164,6 +165,25 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 def read_summary(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "summary.json").read_text())
+
+
+def child_processes(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of each child of `pid`, by pid."""
+    out = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(pid)], capture_output=True,
+                         text=True).stdout
+    return sorted((int(line.split(None, 1)[0]), line.split(None, 1)[1]) for line in out.splitlines())
+
+
+def local_ranks(launcher_pid: int) -> list[int]:
+    """The local ranks a launcher started, by pid (so rank 0 first): on the CPU the children of
+    its forkserver (launch.start_method), spawned ranks (CUDA) its own children."""
+    ranks = []
+    for pid, args in child_processes(launcher_pid):
+        if "forkserver import main" in args:
+            ranks += [child for child, _ in child_processes(pid)]
+        elif "spawn_main" in args:
+            ranks.append(pid)
+    return sorted(ranks)
 
 
 def files_named(root: Path, name: str) -> list[Path]:

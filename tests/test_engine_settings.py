@@ -101,3 +101,22 @@ def test_the_device_is_bound_before_the_process_group_is_made(monkeypatch):
     trainer = OmegaConf.to_container(compose_cfg(["trainer.device=cuda"]).trainer, resolve=True)
     launch._join_env_group(TrainerSettings.from_config(trainer), "nccl", 60)
     assert calls == [("set_device", 1), ("init", "nccl")]
+
+
+# ---- how local ranks start (launch.start_method) ------------------------------------------------
+@pytest.mark.parametrize("use_cuda, tempdir, expected", [
+    (False, "/tmp", "forkserver"),
+    (True, "/tmp", "spawn"),  # a rank is the first to touch CUDA in its process
+    (False, "/scratch/" + "j" * 70, "spawn"),  # the forkserver's socket path would not fit
+], ids=["cpu", "cuda", "cpu_long_tmpdir"])
+def test_local_ranks_are_forked_from_a_server_on_the_cpu_and_spawned_otherwise(
+        monkeypatch, use_cuda, tempdir, expected):
+    import tempfile
+    from types import SimpleNamespace
+
+    from accordion_repro import launch
+
+    monkeypatch.setattr(tempfile, "tempdir", tempdir)
+    run = SimpleNamespace(trainer=SimpleNamespace(use_cuda=use_cuda))
+    assert launch.start_method(run) == expected
+    assert (len(launch._forkserver_socket_path()) <= 107) == (len(tempdir) + 32 <= 107)

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from accordion_repro.analysis.collect import collect_runs, find_run_dirs
-from conftest import REPO, read_metrics, read_summary, wait_until
+from conftest import REPO, child_processes, local_ranks, read_metrics, read_summary, wait_until
 from harness.forked_cli import run_cli
 
 QUIET = ["logger.wandb.mode=disabled", "trainer.progress=never", "trainer.batch_size=8",
@@ -383,9 +383,7 @@ def test_a_local_two_rank_run_listens_only_on_loopback(tmp_path):
                  "dist.nproc_per_node=2")
     try:
         wait_until(lambda: (run_dir / "metrics.jsonl").exists(), timeout=180, what="the first epoch")
-        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True,
-                             text=True).stdout
-        pids = [proc.pid] + [int(p) for p in out.split()]
+        pids = [proc.pid, *(pid for pid, _ in child_processes(proc.pid)), *local_ranks(proc.pid)]
         addresses = _listening_addresses(pids)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -821,12 +819,6 @@ def _popen(run_dir: Path, *overrides: str, env: dict | None = None) -> subproces
                             env={**os.environ, **(env or {})})
 
 
-def _ranks(proc: subprocess.Popen) -> list[int]:
-    out = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(proc.pid)],
-                         capture_output=True, text=True).stdout
-    return [int(line.split()[0]) for line in out.splitlines() if "spawn_main" in line]
-
-
 def _training(run_dir: Path) -> bool:
     return (run_dir / "summary.json").exists() and read_summary(run_dir).get("status") == "running"
 
@@ -871,7 +863,7 @@ def test_a_signal_while_the_ranks_start_is_a_stop_in_one_line(tmp_path, signum):
     run_dir = tmp_path / "run"
     proc = _popen(run_dir, *TWO_RANKS)
     try:
-        wait_until(lambda: len(_ranks(proc)) == 2, timeout=120, what="the ranks", poll=0.02, alive=proc)
+        wait_until(lambda: len(local_ranks(proc.pid)) == 2, timeout=120, what="the ranks", poll=0.02, alive=proc)
         os.killpg(proc.pid, signum)  # as Ctrl-C does: every process of the job
     finally:
         out, err = _finish(proc)
@@ -922,7 +914,7 @@ def test_a_killed_rank_is_one_line_with_no_resource_tracker_warning(tmp_path):
     proc = _popen(run_dir, *TWO_RANKS)
     try:
         wait_until(lambda: _training(run_dir), timeout=180, what="training", alive=proc)
-        os.kill(_ranks(proc)[1], signal.SIGKILL)
+        os.kill(local_ranks(proc.pid)[1], signal.SIGKILL)
     finally:
         out, err = _finish(proc)
     assert proc.returncode == 1

@@ -15,7 +15,7 @@ import torch
 
 from accordion_repro.engine import checkpoint
 from accordion_repro.errors import ConfigError, DatasetMissingError
-from conftest import REPO, compose_cfg, read_metrics, read_summary, train, train_in_pool
+from conftest import REPO, compose_cfg, local_ranks, read_metrics, read_summary, train, train_in_pool
 
 SMALL_IMAGE = ["dataset=synthetic_cifar10", "dataset.train_size=64", "dataset.test_size=32",
                "trainer.batch_size=8", "trainer.eval_batch_size=16"]
@@ -233,11 +233,6 @@ def test_hydras_own_refusals_are_one_line(tmp_path, override, said):
     assert not (tmp_path / "run").exists()
 
 
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(pid)], capture_output=True, text=True).stdout
-    return [int(line.split()[0]) for line in out.splitlines() if "spawn_main" in line]
-
-
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_a_killed_rank_ends_the_job_with_its_rank(tmp_path):
@@ -252,7 +247,7 @@ def test_a_killed_rank_ends_the_job_with_its_rank(tmp_path):
         deadline = time.time() + 240
         while time.time() < deadline and not (tmp_path / "run" / "summary.json").exists():
             time.sleep(0.5)  # rank 0 writes summary.json once the ranks are set up
-        workers = _children(proc.pid)
+        workers = local_ranks(proc.pid)
         assert len(workers) == 2, "ranks did not start"
         os.kill(workers[1], signal.SIGKILL)
         killed_at = time.time()
