@@ -53,7 +53,7 @@ from accordion_repro.env import env_rank, env_world_size, local_cuda_device, slu
 from accordion_repro.errors import TrainingDiverged
 from accordion_repro.runlog import report_status, stop_signal_of
 from accordion_repro.settings import RunSettings, require_settings
-from accordion_repro.utils import die_with_parent, pid_alive
+from accordion_repro.utils import adopt_environment, die_with_parent, pid_alive
 
 
 class RankFailed(RuntimeError):
@@ -261,7 +261,10 @@ def _run(run: RunSettings, run_dir: Path, in_group: bool = False) -> None:
 
 def _spawned_worker(local_rank: int, run: RunSettings, run_dir: str, store_file: str,
                     environment: dict[str, str]) -> None:
-    _adopt_environment(environment)
+    # The launcher's environment at launch (a Hydra sweep job's env_set), not the forkserver's;
+    # what a library read as the server imported it (OpenMP's OMP_NUM_THREADS) stays the server's,
+    # which was the launcher's too.
+    adopt_environment(environment)
     take_stop_signals_early(_stop_file(store_file))
     settings = run.dist
     world_size = settings.nproc_per_node
@@ -283,15 +286,17 @@ def _spawned_worker(local_rank: int, run: RunSettings, run_dir: str, store_file:
 
 
 def _exit_without_finalizing() -> None:
-    """End a spawned rank whose run succeeded and whose group is gone, skipping interpreter
+    """End a local rank whose run succeeded and whose group is gone, skipping interpreter
     finalization.
 
-    A spawned rank leaves through sys.exit, and the interpreter's teardown then destroys what
-    is left of torch's C++ objects in no fixed order: on a clean clone one FSDP rank in some
-    hundred aborted there ("terminate called without an active exception", after its last
-    epoch was logged, its run directory complete). Nothing is left to do at that point (the
-    run directory is written, the group destroyed, an exception would have taken the other
-    path), so the rank flushes its streams and log files and leaves with exit code 0.
+    A spawned rank (start_method) leaves through sys.exit, and the interpreter's teardown then
+    destroys what is left of torch's C++ objects in no fixed order: on a clean clone one FSDP
+    rank in some hundred aborted there ("terminate called without an active exception", after
+    its last epoch was logged, its run directory complete). A forked rank ends in os._exit
+    anyway, after multiprocessing's own clean-up, which this skips too. Nothing is left to do
+    at that point (the run directory is written, the group destroyed, an exception would have
+    taken the other path), so the rank flushes its streams and log files and leaves with exit
+    code 0.
     """
     logging.shutdown()
     sys.stdout.flush()
@@ -434,16 +439,6 @@ def _forkserver_socket_path() -> str:
     """As long as the path multiprocessing gives the forkserver's socket:
     <tempdir>/pymp-XXXXXXXX/listener-XXXXXXXX."""
     return os.path.join(tempfile.gettempdir(), "pymp-" + "X" * 8, "listener-" + "X" * 8)
-
-
-def _adopt_environment(environment: dict[str, str]) -> None:
-    """A forked rank has its server's environment, taken when the server started: it takes the
-    launcher's, as a spawned rank would (a Hydra sweep job's env_set, a test's variables).
-    What a library read at import in the server (OpenMP's OMP_NUM_THREADS) stays the server's,
-    which was the launcher's too."""
-    if os.environ != environment:
-        os.environ.clear()
-        os.environ.update(environment)
 
 
 def _spawn(run: RunSettings, run_dir: Path, store_file: str) -> None:

@@ -54,6 +54,14 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def adopt_environment(environ: Mapping[str, str]) -> None:
+    """Make `environ` this process's whole environment. A process forked from a server (a rank
+    from launch's forkserver, a test's rank or CLI from the harness's) starts with the server's
+    environment, taken when the server started; it takes its starter's, as a spawned one would."""
+    os.environ.clear()
+    os.environ.update(environ)
+
+
 def die_with_parent(sig: int = signal.SIGKILL, parent_pid: int | None = None) -> None:
     """In a child (a preexec_fn, or first thing in a spawned rank), Linux only: the child gets
     `sig` when its parent dies, even by SIGKILL, so no rank or daemon outlives its starter.

@@ -26,7 +26,8 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # Imported after the settings above: the forkserver's environment is os.environ at its import.
-from harness.forked_ranks import adopt_environment  # noqa: E402
+import harness.forked_ranks  # noqa: E402,F401
+from accordion_repro.utils import adopt_environment  # noqa: E402
 
 
 # The files that take longest (Slurm clusters, two hosts, kills and resumes), longest first.

@@ -10,6 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from accordion_repro.comm import build_reducer
+from accordion_repro.utils import adopt_environment
 from harness import forked_ranks
 
 pytestmark = pytest.mark.distributed
@@ -25,7 +26,7 @@ def free_port() -> int:
 
 
 def _entry(rank, fn, port, out_dir, environ):
-    forked_ranks.adopt_environment(environ)
+    adopt_environment(environ)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=WORLD)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -120,3 +123,34 @@ def test_local_ranks_are_forked_from_a_server_on_the_cpu_and_spawned_otherwise(
     run = SimpleNamespace(trainer=SimpleNamespace(use_cuda=use_cuda))
     assert launch.start_method(run) == expected
     assert (len(launch._forkserver_socket_path()) <= 107) == (len(tempdir) + 32 <= 107)
+
+
+@pytest.mark.parametrize("over", [0, 1], ids=["longest_that_fits", "one_byte_over"])
+def test_the_forkserver_is_chosen_exactly_where_its_socket_can_be_bound(monkeypatch, over):
+    """A real Unix socket at the path multiprocessing would give the server, under a temporary
+    directory that makes the path as long as fits, or one byte longer: it binds exactly where
+    start_method chooses forkserver (the kernel's limit, not the constant, is the judge)."""
+    import socket
+    import tempfile
+    from types import SimpleNamespace
+
+    from accordion_repro import launch
+
+    below_tempdir = len(launch._forkserver_socket_path()) - len(tempfile.gettempdir())
+    base = tempfile.mkdtemp(prefix="sock-", dir="/tmp")
+    try:
+        length = launch._UNIX_SOCKET_PATH_MAX - below_tempdir + over
+        tempdir = os.path.join(base, "d" * (length - len(base) - 1))
+        monkeypatch.setattr(tempfile, "tempdir", tempdir)
+        address = launch._forkserver_socket_path()
+        os.makedirs(os.path.dirname(address))
+        with socket.socket(socket.AF_UNIX) as listener:
+            try:
+                listener.bind(address)
+                bound = True
+            except OSError:
+                bound = False
+        chosen = launch.start_method(SimpleNamespace(trainer=SimpleNamespace(use_cuda=False)))
+        assert (chosen == "forkserver") == bound == (over == 0)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -6,7 +6,7 @@ constructor imports it) and Hydra before it read its first argument, a hundred t
 Each call here is still its own process: multiprocessing's forkserver (forked_ranks.py; no torch
 op has run in it) forks it, it takes the test's environment and working directory, writes its
 stdout and stderr to files of its own, runs the CLI module as `__main__` the way `-m` does,
-including the launcher's spawned ranks and the atexit handlers, and exits with the CLI's code.
+including the launcher's own ranks and the atexit handlers, and exits with the CLI's code.
 What it leaves out is the interpreter's start. Tests whose subject is the process a user starts
 (signals, process groups, the one-line output of a dying job, Hydra's own refusals, the demo)
 keep starting it with subprocess.
@@ -23,6 +23,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
+from accordion_repro.utils import adopt_environment
 from harness import forked_ranks
 
 MODULE = "accordion_repro.train"
@@ -62,7 +63,7 @@ def _load_time_differences(environ: dict[str, str]) -> list[str]:
 
 
 def _cli_process(args: list[str], environ: dict[str, str], cwd: str, out: str, err: str) -> None:
-    forked_ranks.adopt_environment(environ)
+    adopt_environment(environ)
     os.chdir(cwd)
     for fd, path in ((1, out), (2, err)):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

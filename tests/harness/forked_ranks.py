@@ -5,8 +5,9 @@ times a suite (run_workers, the rank pool). multiprocessing's forkserver imports
 test process, in a fresh interpreter that runs no torch op (no OpenMP or intra-op thread pool
 for a child to inherit), and forks each rank from it: the 12 test files that start such ranks
 took 196 s instead of 272 s on two workers. Each rank is still a new process. A forked rank
-starts with the server's environment, taken when it started: `adopt_environment` gives it the
-test's. The launcher's own ranks stay spawned, as a user's are.
+starts with the server's environment, taken when it started: `accordion_repro.utils.adopt_environment`
+gives it the test's. The launcher's own ranks are forked the same way, from the launcher's own
+server (launch.start_method), as a user's are.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ import os
 
 import torch.multiprocessing as mp
 
-# What a rank and the CLI (forked_cli.py) import before their first argument; never
-# accordion_repro.train itself, which the CLI runs as __main__.
-PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "accordion_repro.engine.trainer", "hydra",
-           "accordion_repro.config", "accordion_repro.launch", "accordion_repro.rundir",
-           "accordion_repro.data"]
+from accordion_repro.launch import RANK_MODULES
+from accordion_repro.utils import adopt_environment
+
+# What a rank and the CLI (forked_cli.py) import before their first argument: what the
+# launcher's own server preloads (never accordion_repro.train, which the CLI runs as __main__).
+PRELOAD = RANK_MODULES
 
 
 # The environment the server starts with, whichever test starts it: the session's, taken when the
@@ -47,9 +49,3 @@ def _environment(environ: dict[str, str]):
         yield
     finally:
         adopt_environment(saved)
-
-
-def adopt_environment(environ: dict[str, str]) -> None:
-    """First thing in a forked rank: the environment of the test that started it."""
-    os.environ.clear()
-    os.environ.update(environ)

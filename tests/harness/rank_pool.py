@@ -1,12 +1,12 @@
 """Two gloo ranks kept for many short runs: each job is one Trainer run in their group.
 
-Why: starting two ranks costs about 8 CPU-s (each imports torch and torch._dynamo), which a
+Why: starting two ranks cost about 8 CPU-s when each imported torch and torch._dynamo, which a
 one-step run pays many times over; tests/test_presets.py's 28 FSDP presets spent some 240 CPU-s
 mostly on starts. These ranks start once; each job is the launcher's rank body
 (launch._run, without leaving the group) on RunSettings validated in the test's own process, as
 the CLI validates them. A job that fails or times out ends the pool
-(its group may be unusable); the next job starts a new one. The launcher's own path (spawn,
-signals, a dead rank) is tested by tests/test_train.py and tests/test_run_integrity.py.
+(its group may be unusable); the next job starts a new one. The launcher's own path (its ranks'
+start, signals, a dead rank) is tested by tests/test_train.py and tests/test_run_integrity.py.
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ import time
 import traceback
 from pathlib import Path
 
+from accordion_repro.utils import adopt_environment
 from harness import forked_ranks
 
 WORLD = 2
 
 
 def _rank_loop(rank: int, store_file: str, jobs, results, environ: dict[str, str]) -> None:
-    forked_ranks.adopt_environment(environ)
+    adopt_environment(environ)
     import torch
     import torch.distributed as dist
 
