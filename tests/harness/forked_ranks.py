@@ -18,12 +18,15 @@ import os
 
 import torch.multiprocessing as mp
 
-from accordion_repro.launch import RANK_MODULES
 from accordion_repro.utils import adopt_environment
 
-# What a rank and the CLI (forked_cli.py) import before their first argument: what the
-# launcher's own server preloads (never accordion_repro.train, which the CLI runs as __main__).
-PRELOAD = RANK_MODULES
+# What a rank and the CLI (forked_cli.py) import before their first argument; never
+# accordion_repro.train itself, which the CLI runs as __main__. Not launch.RANK_MODULES, which
+# adds torchvision: with it, a subset of the suite (test_comm_distributed, test_accordion_runs,
+# test_run_integrity less the demo and the FSDP kill) took 373 busy CPU-s against 351 without.
+PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "accordion_repro.engine.trainer", "hydra",
+           "accordion_repro.config", "accordion_repro.launch", "accordion_repro.rundir",
+           "accordion_repro.data"]
 
 
 # The environment the server starts with, whichever test starts it: the session's, taken when the
