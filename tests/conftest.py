@@ -24,6 +24,13 @@ os.environ.setdefault("WANDB_SILENT", "true")
 # instead of 9-10 for the same steps and the same numbers, and took up to 4x the wall time: every
 # process the suite starts (read by libgomp when it loads) waits passively instead.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# One intra-op thread in every process the suite starts, whatever the machine or the shell says.
+# A CPU rank's thread count changes its floats' last bits, and the launcher gives each local rank
+# cpu_count // ranks threads where OMP_NUM_THREADS is unset: on a machine with 4 or more CPUs the
+# golden metrics (made at one thread per rank) and the comparisons of local ranks with torchrun,
+# two-host and Slurm ranks (OMP_NUM_THREADS=1) failed, with os.cpu_count() made to say 8 here
+# (test_engine_settings::test_the_suite_runs_every_process_on_one_thread).
+os.environ["OMP_NUM_THREADS"] = "1"
 
 # Imported after the settings above: the forkserver's environment is os.environ at its import.
 import harness.forked_ranks  # noqa: E402,F401

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -10,7 +11,7 @@ from omegaconf import OmegaConf
 
 from accordion_repro.engine.settings import DistSettings, OptimSettings, TrainerSettings
 from accordion_repro.errors import ConfigError
-from conftest import CONF_DIR, compose_cfg
+from conftest import CONF_DIR, REPO, compose_cfg
 
 SETTINGS = {"trainer": (TrainerSettings, "trainer/default"), "optim": (OptimSettings, "optim/sgd"),
             "dist": (DistSettings, "dist/default")}
@@ -154,3 +155,58 @@ def test_the_forkserver_is_chosen_exactly_where_its_socket_can_be_bound(monkeypa
         assert (chosen == "forkserver") == bound == (over == 0)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+# ---- how many threads a CPU rank computes with (launch._limit_threads) --------------------------
+@pytest.mark.parametrize("omp, local_world, expected", [
+    (None, 2, 4),  # local ranks share the cores
+    (None, 1, None),  # one process: torch's own default
+    ("3", 2, None),  # the user's OMP_NUM_THREADS, as torch read it, stays
+], ids=["two_local_ranks", "one_process", "omp_num_threads_set"])
+def test_local_cpu_ranks_share_the_cores_unless_omp_num_threads_is_set(
+        monkeypatch, omp, local_world, expected):
+    import torch
+
+    from accordion_repro import launch
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    before = torch.get_num_threads()
+    try:
+        launch._limit_threads(local_world)
+        assert torch.get_num_threads() == (before if expected is None else expected)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_the_suite_runs_every_process_on_one_thread(tmp_path):
+    """A rank's thread count changes its floats' last bits: with os.cpu_count() made to say 8,
+    the launcher gave each of two local ranks 4 threads, and the golden metrics and the
+    comparisons with torchrun, two-host and Slurm ranks (one thread) failed. conftest sets
+    OMP_NUM_THREADS=1 for every process the suite starts; here a two-rank CLI run under that
+    pretend machine records one thread (summary.json `cpu_threads`)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "sitecustomize.py").write_text("import os\nos.cpu_count = lambda: 8\n")
+    path = os.environ.get("PYTHONPATH")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path) + (os.pathsep + path if path else "")}
+    probe = subprocess.run([sys.executable, "-c", "import os; print(os.cpu_count())"], env=env,
+                           capture_output=True, text=True, check=True)
+    assert probe.stdout.strip() == "8"  # the pretend machine reaches a new interpreter
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "accordion_repro.train", "model=resnet18", "model.width=0.125",
+         "dataset=synthetic_cifar10", "dataset.train_size=32", "dataset.test_size=8",
+         "trainer.batch_size=8", "trainer.epochs=1", "trainer.max_steps_per_epoch=1",
+         "trainer.max_eval_steps=1", "trainer.checkpoint=false", "dist.nproc_per_node=2",
+         "logger.wandb.mode=disabled", "trainer.progress=never", f"hydra.run.dir={run_dir}"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["cpu_threads"] == 1
