@@ -33,6 +33,7 @@ import datetime
 import gc
 import logging
 import multiprocessing
+import multiprocessing.resource_tracker
 import os
 import re
 import shutil
@@ -140,12 +141,21 @@ class _Relay:
 
     @contextlib.contextmanager
     def starting(self, stop_file: Path):
-        """Ignore the stop signals while ranks are started: a new process inherits an ignored
-        signal (not a handler), so no rank is ended by one that comes before its handler is
-        in place, and a stop asked meanwhile reaches it through `stop_file`, written before
-        the signal is forwarded (take_stop_signals_early). A signal to the launcher itself in
-        these milliseconds is lost."""
+        """Ignore the stop signals while ranks are started, and block them.
+
+        Ignored: a process started now inherits an ignored signal (not a handler) across exec,
+        so none ends a rank before its handler is in place; a stop asked meanwhile reaches it
+        through `stop_file`, written before the signal is forwarded (take_stop_signals_early).
+        Blocked: a new process inherits the blocked mask too, so a signal sent to a rank
+        before its handler is in place waits, pending (Linux never discards a blocked signal,
+        ignored or not), until the rank unblocks it; one to this thread is handled when the
+        block ends. Only ignored, a signal to the whole job (Ctrl-C, Slurm) that came while the
+        ranks had no handler yet and the launcher was still here was lost, and the run trained
+        to its end (seen once in the suite; made certain by a sleep in both places). Another
+        thread of this process may still take (and so drop) a signal sent to the process only.
+        """
         self.stop_file = Path(stop_file)
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, self.previous)
         for sig in self.previous:
             signal.signal(sig, signal.SIG_IGN)
         try:
@@ -153,6 +163,7 @@ class _Relay:
         finally:
             for sig in self.previous:
                 signal.signal(sig, self)
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
     def stopped_before_start(self) -> RunStopped | None:
         if not self.count:
@@ -175,9 +186,11 @@ def hold_stop_signals(restore: bool = True):
 
 
 def take_stop_signals_early(stop_file: Path) -> None:
-    """Rank side of RELAY.starting: make the stop signals stop requests, then take a stop
-    the launcher was asked for before (it wrote the signal to `stop_file`)."""
+    """Rank side of RELAY.starting: make the stop signals stop requests and unblock them (a
+    rank inherits them blocked; one that came meanwhile is handled now), then take a stop the
+    launcher was asked for before (it wrote the signal to `stop_file`)."""
     stop.install(stop_signals())
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals())
     with contextlib.suppress(OSError, ValueError):
         stop.request(int(stop_file.read_text()))
 
@@ -421,8 +434,8 @@ def start_method(run: RunSettings) -> str:
     process that imported torch, torchvision (and so torch._dynamo) and the trainer once, where
     a spawned rank imports them itself (about 4 CPU-s each; torch's own start_processes names
     forkserver for this, pytorch#133010). The server starts inside RELAY.starting, so it, and
-    every rank forked from it, ignores the stop signals until a rank installs its handlers, as
-    a spawned rank does; the server leaves when the launcher does (multiprocessing closes its
+    every rank forked from it, ignores and blocks the stop signals until a rank installs its
+    handlers and unblocks them, as a spawned rank does; the server leaves when the launcher does (multiprocessing closes its
     pipe), and the ranks with it (die_with_parent). With CUDA, "spawn": a rank must be the
     first to touch CUDA in its process, and nothing here has checked that the server's imports
     never do on a GPU machine. "spawn" too where the server's Unix socket would not fit its
@@ -448,6 +461,10 @@ def _spawn(run: RunSettings, run_dir: Path, store_file: str) -> None:
     method = start_method(run)
     if method == "forkserver":
         multiprocessing.set_forkserver_preload(RANK_MODULES)  # once the server runs: unused
+    # Started here, not inside RELAY.starting: multiprocessing starts its resource tracker
+    # (once per process) with SIGINT and SIGTERM blocked and then unblocks them, which would
+    # undo the block RELAY.starting holds.
+    multiprocessing.resource_tracker.ensure_running()
     with RELAY.starting(_stop_file(store_file)):
         context = mp.start_processes(_spawned_worker,
                                      args=(run, str(run_dir), store_file, dict(os.environ)),

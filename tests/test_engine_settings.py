@@ -210,3 +210,36 @@ def test_the_suite_runs_every_process_on_one_thread(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["cpu_threads"] == 1
+
+
+# ---- a stop signal while the ranks start (launch.RELAY.starting) -------------------------------
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_a_stop_signal_while_ranks_start_is_kept_by_the_launcher_and_the_new_processes(
+        tmp_path, signum):
+    """RELAY.starting ignores the stop signals (a process started then inherits that) and
+    blocks them: one sent to the launcher inside the block is handled when the block ends
+    (counted, written to the stop file for the ranks), and a process started inside the block
+    inherits them blocked, so one sent to it before it has a handler waits for it (its rank
+    unblocks them then: take_stop_signals_early). When they were only ignored, a signal that
+    came while the ranks had no handler and the launcher was still in the block was lost, and
+    the run trained to its end (exit 0; once in a whole suite run)."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    from accordion_repro import launch
+
+    sig = signal.Signals[signum]
+    stop_file = tmp_path / "store.stop"
+    with launch.RELAY.held():
+        with launch.RELAY.starting(stop_file):
+            child = subprocess.run([sys.executable, "-c", "print(open('/proc/self/status').read())"],
+                                   capture_output=True, text=True, check=True).stdout
+            signal.pthread_kill(threading.main_thread().ident, sig)
+            assert launch.RELAY.count == 0  # held back
+        counted, last = launch.RELAY.count, launch.RELAY.last
+    assert (counted, last) == (1, sig)
+    assert stop_file.read_text() == str(int(sig))
+    blocked = int(next(line for line in child.splitlines() if line.startswith("SigBlk:")).split()[1], 16)
+    assert blocked & (1 << (int(sig) - 1)), child
