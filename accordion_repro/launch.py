@@ -435,8 +435,8 @@ def start_method(run: RunSettings) -> str:
     a spawned rank imports them itself (about 4 CPU-s each; torch's own start_processes names
     forkserver for this, pytorch#133010). The server starts inside RELAY.starting, so it, and
     every rank forked from it, ignores and blocks the stop signals until a rank installs its
-    handlers and unblocks them, as a spawned rank does; the server leaves when the launcher does (multiprocessing closes its
-    pipe), and the ranks with it (die_with_parent). With CUDA, "spawn": a rank must be the
+    handlers and unblocks them, as a spawned rank does; the server leaves when the launcher
+    does (multiprocessing closes its pipe), and the ranks with it (die_with_parent). With CUDA, "spawn": a rank must be the
     first to touch CUDA in its process, and nothing here has checked that the server's imports
     never do on a GPU machine. "spawn" too where the server's Unix socket would not fit its
     address (a long TMPDIR, as on some clusters): the forkserver would not start."""

@@ -234,12 +234,14 @@ def test_a_stop_signal_while_ranks_start_is_kept_by_the_launcher_and_the_new_pro
     stop_file = tmp_path / "store.stop"
     with launch.RELAY.held():
         with launch.RELAY.starting(stop_file):
-            child = subprocess.run([sys.executable, "-c", "print(open('/proc/self/status').read())"],
-                                   capture_output=True, text=True, check=True).stdout
+            child = subprocess.run(
+                [sys.executable, "-c", "print(open('/proc/self/status').read())"],
+                capture_output=True, text=True, check=True).stdout
             signal.pthread_kill(threading.main_thread().ident, sig)
             assert launch.RELAY.count == 0  # held back
         counted, last = launch.RELAY.count, launch.RELAY.last
     assert (counted, last) == (1, sig)
     assert stop_file.read_text() == str(int(sig))
-    blocked = int(next(line for line in child.splitlines() if line.startswith("SigBlk:")).split()[1], 16)
+    [mask] = [line.split()[1] for line in child.splitlines() if line.startswith("SigBlk:")]
+    blocked = int(mask, 16)
     assert blocked & (1 << (int(sig) - 1)), child

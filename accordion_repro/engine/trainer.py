@@ -222,8 +222,9 @@ class Trainer:
         t = self.settings
         self.logger.update_summary(
             num_params=count_parameters(self.model), world_size=self.world_size,
-            cpu_threads=torch.get_num_threads(), model=self.run.model_name, dataset=self.run.dataset.name,
-            data=self.bundle.description, scale=self.run.scale, metric=self.task.metric)
+            cpu_threads=torch.get_num_threads(), model=self.run.model_name,
+            dataset=self.run.dataset.name, data=self.bundle.description, scale=self.run.scale,
+            metric=self.task.metric)
         self.logger.set_status("running")
         if self.config_change:
             change = {"from_epoch": self.start_epoch, "delta": self.config_change}
