@@ -498,6 +498,9 @@ def _spawn(run: RunSettings, run_dir: Path, store_file: str) -> None:
             if process.is_alive():
                 process.terminate()
                 process.join(10)
+        for path in context.error_files:  # torch writes a failed rank's traceback there, and
+            with contextlib.suppress(OSError):  # reads it, but leaves the file in the temp dir
+                os.unlink(path)
 
 
 # A rank that fails because a peer went away names the peer's loss, not its cause.

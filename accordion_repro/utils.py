@@ -57,9 +57,12 @@ def pid_alive(pid: int) -> bool:
 def adopt_environment(environ: Mapping[str, str]) -> None:
     """Make `environ` this process's whole environment. A process forked from a server (a rank
     from launch's forkserver, a test's rank or CLI from the harness's) starts with the server's
-    environment, taken when the server started; it takes its starter's, as a spawned one would."""
+    environment, taken when the server started; it takes its starter's, as a spawned one would.
+    That includes TMPDIR: the temp dir the server had looked up is forgotten, so that
+    `tempfile` looks it up again from the new environment."""
     os.environ.clear()
     os.environ.update(environ)
+    tempfile.tempdir = None
 
 
 def die_with_parent(sig: int = signal.SIGKILL, parent_pid: int | None = None) -> None:

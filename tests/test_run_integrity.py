@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -216,10 +217,12 @@ def test_an_fsdp_run_killed_mid_epoch_resumes_to_the_uninterrupted_metrics(tmp_p
 def diverged_two_ranks(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """A two-rank run that fails: (its run directory, what the CLI printed). A dataset path
     that only rank 1 cannot read would need a fault; a NaN does it for every rank."""
-    run_dir = tmp_path_factory.mktemp("diverged") / "run"
-    out = cli(run_dir, "trainer.epochs=2", "dist.nproc_per_node=2", "optim.lr=1e30",
-              "optim.warmup_epochs=0", base=DENSE)
-    return run_dir, out
+    base = tmp_path_factory.mktemp("diverged")
+    (base / "tmp").mkdir()
+    with mock.patch.dict(os.environ, TMPDIR=str(base / "tmp")):
+        out = cli(base / "run", "trainer.epochs=2", "dist.nproc_per_node=2", "optim.lr=1e30",
+                  "optim.warmup_epochs=0", base=DENSE)
+    return base / "run", out
 
 
 @pytest.mark.slow
@@ -230,6 +233,16 @@ def test_a_failed_rank_leaves_status_failed_with_its_rank_and_cause(diverged_two
     summary = read_summary(run_dir)
     assert summary["status"] == "failed"
     assert "rank " in summary["error"] and "training diverged at epoch 0 step" in summary["error"]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_failed_rank_leaves_no_error_file_in_the_temp_dir(diverged_two_ranks):
+    """torch's start_processes has a rank that raises pickle its traceback to a file in the temp
+    dir and reads it back, but never deletes it: 31 were left in /tmp by one suite run."""
+    run_dir, out = diverged_two_ranks
+    assert out.returncode == 1
+    assert list((run_dir.parent / "tmp").glob("pytorch-errorfile-*")) == []
 
 
 @pytest.mark.slow
