@@ -141,28 +141,33 @@ class _Relay:
 
     @contextlib.contextmanager
     def starting(self, stop_file: Path):
-        """Ignore the stop signals while ranks are started, and block them.
+        """Block the stop signals while ranks are started, and hold back any that comes.
 
-        Ignored: a process started now inherits an ignored signal (not a handler) across exec,
-        so none ends a rank before its handler is in place; a stop asked meanwhile reaches it
-        through `stop_file`, written before the signal is forwarded (take_stop_signals_early).
-        Blocked: a new process inherits the blocked mask too, so a signal sent to a rank
-        before its handler is in place waits, pending (Linux never discards a blocked signal,
-        ignored or not), until the rank unblocks it; one to this thread is handled when the
-        block ends. Only ignored, a signal to the whole job (Ctrl-C, Slurm) that came while the
-        ranks had no handler yet and the launcher was still here was lost, and the run trained
-        to its end (seen once in the suite; made certain by a sleep in both places). Another
-        thread of this process may still take (and so drop) a signal sent to the process only.
+        Blocked: a new process inherits the blocked mask, across fork and exec, so a signal
+        sent to a rank before its handler is in place waits, pending, until the rank unblocks
+        it (take_stop_signals_early); one sent to this thread waits until the block ends.
+        Held back: a signal that another thread of this process takes (OpenBLAS, which numpy
+        loads, starts one where OMP_NUM_THREADS is unset, and it blocks nothing) is only
+        recorded, and handled when the block ends, once the ranks are known: counted, written
+        to `stop_file` for a rank already past its check, and forwarded.
+        These signals used to be ignored instead, so that a process started now would inherit
+        "ignored" rather than a handler that exec resets; the block does that now. Ignored, a
+        stop to the whole job (Ctrl-C, Slurm) was lost when it came before the ranks had
+        handlers, and the run trained to its end (once in the suite); and one that OpenBLAS's
+        thread took was dropped even once they were blocked.
         """
         self.stop_file = Path(stop_file)
+        held_back: list[int] = []
         before = signal.pthread_sigmask(signal.SIG_BLOCK, self.previous)
         for sig in self.previous:
-            signal.signal(sig, signal.SIG_IGN)
+            signal.signal(sig, lambda signum, frame: held_back.append(signum))
         try:
             yield
         finally:
             for sig in self.previous:
                 signal.signal(sig, self)
+            for signum in held_back:
+                self(signum, None)
             signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
     def stopped_before_start(self) -> RunStopped | None:
@@ -434,10 +439,10 @@ def start_method(run: RunSettings) -> str:
     process that imported torch, torchvision (and so torch._dynamo) and the trainer once, where
     a spawned rank imports them itself (about 4 CPU-s each; torch's own start_processes names
     forkserver for this, pytorch#133010). The server starts inside RELAY.starting, so it, and
-    every rank forked from it, ignores and blocks the stop signals until a rank installs its
-    handlers and unblocks them, as a spawned rank does; the server leaves when the launcher
-    does (multiprocessing closes its pipe), and the ranks with it (die_with_parent). With CUDA, "spawn": a rank must be the
-    first to touch CUDA in its process, and nothing here has checked that the server's imports
+    every rank forked from it, blocks the stop signals until a rank installs its handlers and
+    unblocks them, as a spawned rank does; the server leaves when the launcher does
+    (multiprocessing closes its pipe), and the ranks with it (die_with_parent). With CUDA,
+    "spawn": a rank must be the first to touch CUDA in its process, and nothing here has checked that the server's imports
     never do on a GPU machine. "spawn" too where the server's Unix socket would not fit its
     address (a long TMPDIR, as on some clusters): the forkserver would not start."""
     if run.trainer.use_cuda or len(_forkserver_socket_path()) > _UNIX_SOCKET_PATH_MAX:

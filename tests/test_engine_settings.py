@@ -216,13 +216,12 @@ def test_the_suite_runs_every_process_on_one_thread(tmp_path):
 @pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
 def test_a_stop_signal_while_ranks_start_is_kept_by_the_launcher_and_the_new_processes(
         tmp_path, signum):
-    """RELAY.starting ignores the stop signals (a process started then inherits that) and
-    blocks them: one sent to the launcher inside the block is handled when the block ends
-    (counted, written to the stop file for the ranks), and a process started inside the block
-    inherits them blocked, so one sent to it before it has a handler waits for it (its rank
-    unblocks them then: take_stop_signals_early). When they were only ignored, a signal that
-    came while the ranks had no handler and the launcher was still in the block was lost, and
-    the run trained to its end (exit 0; once in a whole suite run)."""
+    """RELAY.starting blocks the stop signals: one sent to the launcher inside the block is
+    handled when the block ends (counted, written to the stop file for the ranks), and a
+    process started inside the block inherits them blocked, so one sent to it before it has a
+    handler waits for it (its rank unblocks them then: take_stop_signals_early). When they were
+    only ignored, a signal that came while the ranks had no handler and the launcher was still
+    in the block was lost, and the run trained to its end (exit 0; once in a whole suite run)."""
     import signal
     import subprocess
     import sys
@@ -245,3 +244,35 @@ def test_a_stop_signal_while_ranks_start_is_kept_by_the_launcher_and_the_new_pro
     [mask] = [line.split()[1] for line in child.splitlines() if line.startswith("SigBlk:")]
     blocked = int(mask, 16)
     assert blocked & (1 << (int(sig) - 1)), child
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_a_stop_signal_another_thread_takes_while_ranks_start_is_held_back_not_lost(
+        tmp_path, signum):
+    """A thread started before RELAY.starting does not block the stop signals, so the kernel
+    may give it one sent to the launcher's process: numpy's OpenBLAS starts such a thread
+    where OMP_NUM_THREADS is unset (found with gdb in a launcher). While the block ignored the
+    signals, the signal it took was dropped; now it is held back and handled when the block
+    ends, like one the main thread got."""
+    import signal
+    import threading
+
+    from accordion_repro import launch
+
+    sig = signal.Signals[signum]
+    go = threading.Event()
+
+    def take_it():  # the kernel delivers a thread-directed signal to that thread
+        go.wait()
+        signal.pthread_kill(threading.get_ident(), sig)
+
+    other = threading.Thread(target=take_it)
+    other.start()
+    stop_file = tmp_path / "store.stop"
+    with launch.RELAY.held():
+        with launch.RELAY.starting(stop_file):
+            go.set()
+            other.join()
+        counted, last = launch.RELAY.count, launch.RELAY.last
+    assert (counted, last) == (1, sig)
+    assert stop_file.read_text() == str(int(sig))
