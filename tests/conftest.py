@@ -116,7 +116,9 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def load_script(name: str):
-    """scripts/<name>.py as a module (the scripts are not a package)."""
+    """scripts/<name>.py as a module. Only scripts/wheelhouse.py needs it: it runs on a plain
+    python3 where PyPI is reachable, without this package installed, so its code cannot live in
+    a package as every other script's does."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 from torchvision import transforms
 
+from accordion_repro.data import build_cifar10_jpeg_npz as builder
 from accordion_repro.data import (CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD,
                                   DATASET_NAMES, DataBundle, batchify, bptt_windows,
                                   build_data, check_dataset, image_loader)
@@ -582,10 +583,7 @@ def test_cifar_config_node_loads_real_format_files(tmp_path):
     assert (len(bundle.train), len(bundle.test)) == (5, 6)
 
 
-# ---- the whole-CIFAR file's builder (scripts/build_cifar10_jpeg_npz.py) -------------------------
-def _builder():
-    from conftest import load_script
-    return load_script("build_cifar10_jpeg_npz")
+# ---- the whole-CIFAR file's builder (accordion_repro/data/build_cifar10_jpeg_npz.py) ------------
 
 
 def test_the_cifar10_jpeg_builder_writes_what_the_npz_loader_reads(tmp_path):
@@ -593,7 +591,6 @@ def test_the_cifar10_jpeg_builder_writes_what_the_npz_loader_reads(tmp_path):
     the .npz the loader decodes, JPEG bytes unchanged, labels and per-class ranks in order."""
     from accordion_repro.data.npz import load_file
 
-    builder = _builder()
     rng = np.random.default_rng(0)
     source, written = tmp_path / "CIFAR-10-images", {}
     for split, count in (("train", 3), ("test", 2)):
@@ -618,7 +615,6 @@ def test_the_cifar10_jpeg_builder_writes_what_the_npz_loader_reads(tmp_path):
 
 
 def test_the_cifar10_jpeg_builder_names_a_missing_class_folder(tmp_path):
-    builder = _builder()
     (tmp_path / "train" / "airplane").mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match=r"train/automobile is missing.*YoongiKim"):
         builder.build(tmp_path, tmp_path / "out.npz")

@@ -12,16 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import compose_cfg, load_script
-
-
-def _script():
-    return load_script("reproduce_cpu")
+from accordion_repro import reproduce_cpu as script
+from conftest import compose_cfg
 
 
 @pytest.mark.slow
 def test_every_reproduction_run_is_a_preset_that_composes_at_cpu_scale(tmp_path):
-    script = _script()
     for preset in script.CIFAR_PRESETS + script.LSTM_PRESETS + [script.TRACE_PRESET]:
         argv = script.command(preset, 42, tmp_path / "data", tmp_path / "out", [])
         overrides = [a for a in argv[3:] if not a.startswith("hydra.")]
@@ -31,7 +27,6 @@ def test_every_reproduction_run_is_a_preset_that_composes_at_cpu_scale(tmp_path)
 
 
 def test_several_only_patterns_run_pattern_by_pattern_each_run_once():
-    script = _script()
     order = script.run_order("cpu_full", [42], ["fig10/*", "fig9/*", "*"])
     presets = [preset for preset, _ in order]
     fig10 = [p for p in script.FULL_EXTRA if p.startswith("fig10/")]
@@ -54,7 +49,6 @@ def test_the_whole_cifar_study_runs_each_configuration_once():
     study runs for every seed."""
     from accordion_repro.analysis.layout import TWINS
 
-    script = _script()
     presets = script.FULL_CORE + script.FULL_EXTRA
     assert not set(presets) & set(TWINS)
     assert {TWINS[p] for p in TWINS if "/resnet18_" in p} <= set(script.FULL_CORE)
@@ -66,7 +60,6 @@ def test_the_successors_are_queued_at_cpu_long_with_the_compared_settings(tmp_pa
     phase rule, after the study's own runs, for every seed, on the whole CIFAR-10."""
     from accordion_repro.analysis.layout import SUCCESSORS
 
-    script = _script()
     assert script.LONG_SUCCESSORS == list(SUCCESSORS.own_presets)
     order = script.run_order("cpu_long", [42, 43, 44], ["*"])
     assert order[-12:] == [(p, s) for s in (42, 43, 44) for p in script.LONG_SUCCESSORS]
@@ -87,13 +80,12 @@ def test_the_successors_are_queued_at_cpu_long_with_the_compared_settings(tmp_pa
 
 
 def _eta_sweep_names():
-    return sorted(_script().ETA_SWEEP)
+    return sorted(script.ETA_SWEEP)
 
 
 
 @pytest.mark.parametrize("name", _eta_sweep_names())
 def test_each_eta_sweep_run_is_table1_accordion_with_its_eta_and_in_no_table(tmp_path, name):
-    script = _script()
     argv = script.command(name, 42, tmp_path / "data", tmp_path / "out", [], "cpu_full")
     cfg = compose_cfg([a for a in argv[3:] if not a.startswith("hydra.")])
     eta = float(name.rsplit("eta", 1)[1])
@@ -102,11 +94,10 @@ def test_each_eta_sweep_run_is_table1_accordion_with_its_eta_and_in_no_table(tmp
     assert cfg.scale.name == "cpu_full" and f"eta {eta:g}" in cfg.run.label
 
 
-@pytest.mark.parametrize("name", sorted(_script().ABLATION))
+@pytest.mark.parametrize("name", sorted(script.ABLATION))
 def test_each_detector_ablation_run_is_named_apart_and_changes_only_its_rule(tmp_path, name):
     """Issue 36's ablation at scale=cpu_long: Accordion without the LR-decay rule, with eta
     0.1, and the LR-decay rule alone; none lands in a table or figure."""
-    script = _script()
     argv = script.command(name, 42, tmp_path / "data", tmp_path / "out", [], "cpu_long")
     cfg = compose_cfg([a for a in argv[3:] if not a.startswith(("hydra.", "paths."))])
     assert cfg.run.name == name and cfg.run.table is None and cfg.run.figure is None
@@ -148,7 +139,6 @@ def test_cpu_long_figure2b_arms_wait_for_and_follow_their_seeds_detect_run(tmp_p
     """At scale=cpu_long the rank-2 cell watches its critical regimes (schedule.detect=true);
     each Figure 2 (b) arm waits for it, then puts rank 1 into the epochs the plan gives and
     writes the plan beside the runs."""
-    script = _script()
     runs = tmp_path / "runs"
     reference = script.command(script.FIG2_REFERENCE, 42, tmp_path / "data", tmp_path / "ref",
                                [], "cpu_long", runs)
@@ -173,7 +163,7 @@ def test_cpu_long_figure2b_arms_wait_for_and_follow_their_seeds_detect_run(tmp_p
 def test_a_resumed_runs_wall_time_counts_every_attempt(tmp_path):
     """An attempt stopped mid-run (a SIGTERM, a crash) keeps its seconds until the attempt that
     finishes the run, whose timings.csv row is their sum; a finished run's row is replaced."""
-    add = _script().add_wall_time
+    add = script.add_wall_time
     assert add(tmp_path, "table1/x", 42, 100.0, finished=False) == 100.0
     assert not (tmp_path / "timings.csv").exists()
     assert add(tmp_path, "table1/x", 42, 50.5, finished=False) == 150.5
@@ -200,5 +190,5 @@ def test_a_stopped_runner_stops_its_trainer_and_says_so(tmp_path):
 
     threading.Thread(target=stop_when_ready, daemon=True).start()
     previous = signal.getsignal(signal.SIGTERM)
-    assert _script().run_trainer([sys.executable, "-c", child]) == (3, True)
+    assert script.run_trainer([sys.executable, "-c", child]) == (3, True)
     assert signal.getsignal(signal.SIGTERM) is previous
