@@ -442,9 +442,10 @@ def start_method(run: RunSettings) -> str:
     every rank forked from it, blocks the stop signals until a rank installs its handlers and
     unblocks them, as a spawned rank does; the server leaves when the launcher does
     (multiprocessing closes its pipe), and the ranks with it (die_with_parent). With CUDA,
-    "spawn": a rank must be the first to touch CUDA in its process, and nothing here has checked that the server's imports
-    never do on a GPU machine. "spawn" too where the server's Unix socket would not fit its
-    address (a long TMPDIR, as on some clusters): the forkserver would not start."""
+    "spawn": a rank must be the first to touch CUDA in its process, and nothing here has
+    checked that the server's imports never do on a GPU machine. "spawn" too where the
+    server's Unix socket would not fit its address (a long TMPDIR, as on some clusters): the
+    forkserver would not start."""
     if run.trainer.use_cuda or len(_forkserver_socket_path()) > _UNIX_SOCKET_PATH_MAX:
         return "spawn"
     return "forkserver"
