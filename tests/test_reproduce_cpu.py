@@ -79,12 +79,7 @@ def test_the_successors_are_queued_at_cpu_long_with_the_compared_settings(tmp_pa
     assert settings["phase_rule"][2]["name"] == "phase_rule"
 
 
-def _eta_sweep_names():
-    return sorted(script.ETA_SWEEP)
-
-
-
-@pytest.mark.parametrize("name", _eta_sweep_names())
+@pytest.mark.parametrize("name", sorted(script.ETA_SWEEP))
 def test_each_eta_sweep_run_is_table1_accordion_with_its_eta_and_in_no_table(tmp_path, name):
     argv = script.command(name, 42, tmp_path / "data", tmp_path / "out", [], "cpu_full")
     cfg = compose_cfg([a for a in argv[3:] if not a.startswith("hydra.")])
