@@ -153,7 +153,7 @@ class AdaptiveCompression:
             # rank that calls end_epoch alone meets it before any gradient collective.
             if fsdp:
                 self.state = FSDPReducerState(ddp_model, compressor, check_levels=False,
-                                              align_blocks=True, **start)
+                                              **start)
                 group = self.state.group
             else:
                 group = ddp_model.process_group

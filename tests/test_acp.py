@@ -99,10 +99,13 @@ def _sent_per_step(name: str, steps: int, reducer=None, **options) -> list[tuple
 
 
 def check_half_of_powersgd(acp_steps, powersgd_steps):
-    """Over every two consecutive steps ACP sends what PowerSGD sends in one (P + Q), counted
-    and packed alike; its mean per step is half of PowerSGD's."""
-    for floats, packed in acp_steps + powersgd_steps:
+    """Over every two consecutive steps ACP sends what PowerSGD sends in one (P + Q); ACP packs
+    what it counts, PowerSGD pads each of RECT's 3 P and 3 Q blocks to 64 bytes (16 floats,
+    comm/powersgd.py PACKING); ACP's mean per step is half of PowerSGD's."""
+    for floats, packed in acp_steps:
         assert floats == packed
+    for floats, packed in powersgd_steps:
+        assert 0 <= packed - floats < 16 * 2 * len(RECT)
     for first in range(0, len(acp_steps), 2):
         pair = acp_steps[first][0] + acp_steps[first + 1][0]
         assert pair == powersgd_steps[first // 2][0]

@@ -602,7 +602,9 @@ def test_a_two_rank_run_stays_within_its_traffic_budget(tmp_path, compressor, bu
     assert at_high["floats_sent"] <= (budget * dense + fixed) * at_high["steps"] * 1.05
     assert metrics[0]["floats_sent"] > at_high["floats_sent"]
     if compressor == "powersgd":
-        assert at_high["bytes_sent"] == 4 * at_high["floats_sent"]
+        # float32 P's and Q's, each block padded to 64 bytes (comm/powersgd.py PACKING)
+        padding = at_high["bytes_sent"] - 4 * at_high["floats_sent"]
+        assert 0 <= padding < 64 * 2 * 21 * at_high["steps"]
     else:
         levels = {float(level) for r in metrics for level in r["levels"]}
         assert levels and all(f < 0.25 and math.log2(f) == round(math.log2(f)) for f in levels)

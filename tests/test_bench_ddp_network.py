@@ -177,7 +177,7 @@ def test_tiny_benchmark_across_a_shaped_link_writes_one_row_per_arm(tmp_path):
     assert acp_async["comm_bytes_per_rank"] < ours_async["comm_bytes_per_rank"]
     # At rank 1 both hooks compress the same layers: what they count, each its own way, agrees
     # but for our 16-byte level check and the padding that starts each of our P and Q blocks on
-    # 64 bytes (comm/powersgd.py align_blocks: exact resume across DDP's bucket regrouping),
+    # 64 bytes (comm/powersgd.py PACKING: exact resume across DDP's bucket regrouping),
     # under 64 bytes per block of ResNet-18's 21 compressed layers.
     padding = ours_async["comm_bytes_per_rank"] - torch_row["comm_bytes_per_rank"] - 16
     assert 0 <= padding < 64 * 2 * 21

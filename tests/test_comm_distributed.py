@@ -150,7 +150,12 @@ def test_reducers_on_two_gloo_ranks(tmp_path):
 
     grads, stats, floats = r0["powersgd"]
     assert stats.collectives == 3 and stats.floats_sent == floats
-    assert stats.bytes_sent == 4 * floats  # float32 P's, Q's and the dense tensors
+    # float32 P's, Q's and the dense tensors, each P and Q block padded to 64 bytes (16 floats:
+    # comm/powersgd.py PACKING); SHAPES' layers (6, 36), (10, 12), (16, 8) at ranks 1, 2, 1
+    def padded(n): return -(-n // 16) * 16
+    p_blocks, q_blocks, dense = (6 * 1, 10 * 2, 16 * 1), (36 * 1, 12 * 2, 8 * 1), 6 + 3
+    assert floats == sum(p_blocks) + sum(q_blocks) + dense
+    assert stats.bytes_sent == 4 * (sum(map(padded, p_blocks + q_blocks)) + dense)
     torch.testing.assert_close(grads[1], dense_average(seed=2)[1])  # 1-D tensors: exact
 
     grads, stats = r0["exact"]

@@ -6,12 +6,9 @@ and levels (PowerSGD and Top-K, a model of several FSDP units); a saved Accordio
 bit for bit; the report and pop_stats state the error memory and the bytes against FSDP's own
 reduce-scatter; bad set-ups stop with one line before training.
 
-The DDP comparison holds bit for bit when the compressed layers are packed alike (one FSDP unit,
-one DDP bucket). With several units the PowerSGD layers are packed per unit instead of per
-bucket: the same products run on buffers at other offsets, and the BLAS kernels round a few
-results differently (a few ulp), so those runs are compared to rtol 1e-5 / atol 1e-6, the
-tolerance tests/test_comm_distributed.py uses between the DDP hook and the reducer for the same
-reason. Top-K does no products and stays bit for bit.
+The DDP comparison holds bit for bit, with one FSDP unit or several against one DDP bucket or
+several: PowerSGD starts every layer's P and Q block on 64 bytes wherever it is packed
+(comm/powersgd.py PACKING), so the BLAS products of a layer do not depend on its neighbours.
 """
 
 import re
@@ -185,11 +182,7 @@ def test_fsdp_accordion_equals_ddp_accordion(results, compressor):
         for f, d in zip(fsdp_history, ddp_history):
             assert f["stats"].floats_sent == d["stats"].floats_sent
             assert f["stats"].bytes_sent < f["stats"].fsdp_reduce_scatter_bytes
-        if compressor == "topk":
-            assert _same(fsdp, ddp)
-        else:
-            for name in ddp:
-                torch.testing.assert_close(fsdp[name], ddp[name], rtol=1e-5, atol=1e-6)
+        assert _same(fsdp, ddp)
     assert _same(results[0][f"{compressor}_fsdp"][0], results[1][f"{compressor}_fsdp"][0])
 
 
@@ -457,11 +450,12 @@ TRAINER_CASES = {
 @distributed
 @pytest.mark.parametrize("case", sorted(TRAINER_CASES))
 def test_trainer_under_fsdp_logs_what_it_logs_under_ddp(tmp_path, case, rank_pool):
-    """The same run under both strategies: dense, the metrics are equal to the last bit (the
+    """The same run under both strategies logs the same metrics to the last bit (issue 55): the
     reduce-scatter averages what the all-reduce averages; the rank that evaluates only because
     an FSDP forward needs every rank keeps its random streams; local clipping sees the same
-    whole local gradient); with PowerSGD the levels, floats and bytes are equal and the floats
-    agree as _agree says."""
+    whole local gradient; PowerSGD packs its blocks alike on both paths (comm/powersgd.py
+    PACKING: before, the trainer's DDP path packed them end to end and the two parted by 2.3e-3
+    in train_loss after 6 steps). Only the collectives' count differs: one reduction per unit."""
     from conftest import read_metrics, train_in_pool
 
     runs = {strategy: read_metrics(train_in_pool(
@@ -471,29 +465,7 @@ def test_trainer_under_fsdp_logs_what_it_logs_under_ddp(tmp_path, case, rank_poo
     for ddp, fsdp in zip(runs["ddp"], runs["fsdp"]):
         assert fsdp["collectives"] >= ddp["collectives"]  # one reduction per unit, not per step
         for key in set(ddp) - set(TIMES) - {"collectives"}:
-            if case != "powersgd":
-                assert ddp[key] == fsdp[key], key
-            else:
-                _agree(fsdp[key], ddp[key], key)
-
-
-def _agree(got, want, where: str) -> None:
-    """Equal, floats to a relative 1e-3 or 1e-4 absolute, inside dicts and lists (the
-    detector's report: its ratios are differences of epoch norms over a few steps, where the
-    last-bit differences of the packing, through rank-2 orthonormalisations of P, grow to about
-    1e-5 absolute; its decisions, the levels, are compared exactly)."""
-    if isinstance(want, float):
-        assert got == pytest.approx(want, rel=1e-3, abs=1e-4), where
-    elif isinstance(want, dict):
-        assert got.keys() == want.keys(), where
-        for key in want:
-            _agree(got[key], want[key], f"{where}.{key}")
-    elif isinstance(want, list):
-        assert len(got) == len(want), where
-        for index, (a, b) in enumerate(zip(got, want)):
-            _agree(a, b, f"{where}[{index}]")
-    else:
-        assert got == want, where
+            assert ddp[key] == fsdp[key], key
 
 
 # ---- docs/fsdp.md's own-code example, verbatim under torchrun -----------------------------------

@@ -12,10 +12,15 @@ Float results are bit-for-bit reproducible on one instruction set and torch buil
 them: these tiny runs are chaotic enough that an AVX2 machine and an AVX512 one part by up to
 100 % in a float after one epoch, and in the detector's decisions by epoch 3, so no tolerance
 makes a comparison across machines mean anything. tests/golden/<cpu capability>/ therefore
-holds one set per instruction set, each made by the same code (AVX512: the files above; AVX2:
-made at fc29a11, whose training code is 4925838's as far as the AVX512 files could tell), with
-its machine.json. The test compares bit for bit against the set of this machine's capability
-and skips, saying why, on a capability or torch build that has none.
+holds one set per instruction set, each with its machine.json. The test compares bit for bit
+against the set of this machine's capability and skips, saying why, on a capability or torch
+build that has none.
+
+Both sets were made anew when PowerSGD's packing became one everywhere (issue 55: the trainer
+now starts every P and Q block on 64 bytes, as the DDP hook and the FSDP path did; the Top-K
+case did not move): AVX512 on an AVX512 machine, AVX2 on the same machine held to AVX2 by
+ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2, a cap that
+reproduced the AVX2 set made on a real AVX2 machine (fc29a11) bit for bit before the change.
 """
 
 from __future__ import annotations

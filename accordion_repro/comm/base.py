@@ -72,11 +72,6 @@ class Reducer:
         self._fold_dense = False  # see fold_dense
 
     # ---- levels ---------------------------------------------------------------------------
-    def align_blocks(self) -> None:
-        """Make each layer's arithmetic independent of the layers reduced with it (the DDP
-        hook calls it; PowerSGD overrides it). Averaging, error memory and Top-K's selection
-        are element by element and exact wherever a layer sits, so here nothing changes."""
-
     def fold_dense(self) -> None:
         """From now on send the dense tensors of a reduction at the end of its first compressed
         all-reduce (PowerSGD's P, ACP-SGD's factor) instead of in an all-reduce of their own:

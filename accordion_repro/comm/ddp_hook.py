@@ -278,10 +278,6 @@ class AccordionHookState(ReducerState):
         Options("AccordionHookState", {"async_op": async_op}).flag("async_op")  # "no" is truthy
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         super().__init__(named, compressor, group=group, check_levels=check_levels, **options)
-        # DDP's buckets (regrouped after its first step) must not change a layer's rounding,
-        # or a resumed run's first step would differ from the step it replaces. (An FSDP unit
-        # holds the same parameters on every step: comm/fsdp.py keeps the trainer's packing.)
-        self.reducer.align_blocks()
         # Per bucket the dense tensors ride at the end of P's buffer (ACP-SGD's factor's): 2
         # collectives per PowerSGD bucket, where torch's powerSGD_hook issues 3.
         self.reducer.fold_dense()

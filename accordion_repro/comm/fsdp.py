@@ -226,17 +226,13 @@ class FSDPReducerState(ReducerState):
 
     def __init__(self, model: torch.nn.Module, compressor: str = "powersgd", *,
                  check_levels: bool = True, clip_local: float | None = None,
-                 align_blocks: bool = False, **options):
+                 **options):
         """`clip_local`: clip each rank's whole local gradient to this L2 norm before the
         detector and compression (the official LSTM's clipping, optim.clip_point=local); it
-        needs the whole model in one unit (only the root fully_shard), where one call sees it.
-        `align_blocks`: pack PowerSGD's blocks as the DDP hook does (Accordion in own code, so
-        that it computes as Accordion over DDP); the trainer keeps its DDP path's packing."""
+        needs the whole model in one unit (only the root fully_shard), where one call sees it."""
         group = check_fsdp_model(model)
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         super().__init__(named, compressor, group=group, check_levels=check_levels, **options)
-        if align_blocks:
-            self.reducer.align_blocks()
         self.group = group
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
         position = {id(p): i for i, p in enumerate(self._params)}

@@ -51,8 +51,8 @@ class _PackedLayout:
     `align` (elements): every layer's block starts at a multiple of it. BLAS products depend on
     where their operands sit (MKL's sgemm rounds Q^T M^T and P^T M differently for a Q or an
     output 4 floats off a 16-byte boundary), so with `align` = 64 bytes a layer's products are
-    the same whichever layers share its buffers (a DDP bucket). With 1 the blocks are packed
-    end to end, as the trainer's committed runs were.
+    the same whichever layers share its buffers (a DDP bucket, an FSDP unit, the trainer's
+    whole model). Runs committed before PACKING was recorded packed the blocks end to end.
     """
 
     def __init__(self, items: tuple[tuple[int, int], ...], matrix_shapes, dtype, device,
@@ -91,6 +91,12 @@ def _draw_seed(seed: int, layer: int, draw: int) -> int:
     return (seed * 1_000_003 + layer * 999_983 + draw * 7_919 + draw * layer) % (2**63 - 1)
 
 
+# How P and Q blocks sit in their buffers, recorded in every run's summary.json (`numerics`):
+# runs that differ in it compute different last bits and are never paired (analysis/paired.py).
+PACKING = "aligned64"
+_ALIGN_BYTES = 64
+
+
 class PowerSGDReducer(Reducer):
     name = "powersgd"
     CARRIES_DENSE = True
@@ -107,30 +113,20 @@ class PowerSGDReducer(Reducer):
         self.q: list[torch.Tensor | None] = [None] * self.num_compressible
         self.draws = [0] * self.num_compressible
         self._layouts: dict[tuple, _PackedLayout] = {}
-        self._align = 1
-        self._aligned_m: list[torch.Tensor | None] = []  # M's own copy, see align_blocks
-
-    def align_blocks(self) -> None:
-        """Make each layer's products independent of the layers reduced with it (the DDP hook).
-
-        DDP groups layers into buckets, and regroups them after its first step, so a resumed
-        run's first step would pack other layers together than the step it replaces. From now
-        on every P and Q block starts on a 64-byte boundary of its buffer, and without error
-        feedback M (otherwise a view into DDP's bucket, at an offset set by the bucket's other
-        layers) is first copied into a buffer of its own, as the error memory already is.
-        The trainer's whole-model reduction keeps the end-to-end packing of its committed runs.
-        """
-        self._align = max(1, 64 // torch.empty((), dtype=self.dtype).element_size())
-        self._layouts.clear()
-        self._aligned_m = [None] * self.num_compressible
+        # Every P and Q block starts on a 64-byte boundary of its buffer, so a layer's products
+        # do not depend on the layers reduced with it: DDP groups layers into buckets and
+        # regroups them after its first step (a resumed run's first step would otherwise pack
+        # other layers together than the step it replaces), FSDP reduces unit by unit, the
+        # trainer the whole model at once, and all three compute the same bits.
+        self._align = max(1, _ALIGN_BYTES // torch.empty((), dtype=self.dtype).element_size())
+        self._aligned_m: list[torch.Tensor | None] = [None] * self.num_compressible
 
     def _matrix(self, layer: int, grad_matrix: torch.Tensor) -> torch.Tensor:
-        """M = g + e with error feedback (held in the error memory), else g, which the aligned
-        mode copies into a buffer of its own."""
+        """M = g + e with error feedback (held in the error memory), else a copy of g in a
+        buffer of its own: g may be a view into a DDP bucket, at an offset set by the bucket's
+        other layers, which BLAS would round differently."""
         if self.error_feedback:
             return self._memory(layer).add_(grad_matrix)
-        if not self._aligned_m:
-            return grad_matrix
         if self._aligned_m[layer] is None:
             self._aligned_m[layer] = torch.empty(self.matrix_shapes[layer], dtype=self.dtype,
                                                  device=self.device)
