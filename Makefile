@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 RUNS    ?= results/runs
 NET     ?= 10gbit
 
-.PHONY: install test test-fast demo figures bench bench-models bench-network bench-ddp-network gpu-check wheelhouse reproduce-cpu reproduce-cpu-full reproduce-cpu-long clean-demo help
+.PHONY: install test test-fast demo figures bench bench-models bench-network bench-ddp-network bench-study-pilot gpu-check wheelhouse reproduce-cpu reproduce-cpu-full reproduce-cpu-long study study-status clean-demo help
 
 # `make help` lists every target that has a `## ` comment on its own line, with that comment.
 help: ## This list
@@ -105,7 +105,21 @@ reproduce-cpu: $(STAMP) ## The CPU-scale study (scripts/reproduce_cpu.py)
 reproduce-cpu-full: $(STAMP) ## The whole-CIFAR study (scale=cpu_full), resumable
 	$(PYTHON) scripts/reproduce_cpu.py --study cpu_full --seeds 42 43 44
 
-# The central-claim study (scale=cpu_long, 30 epochs, bf16): Table 1 ResNet-18 and Figure 2 (b)'s
+# The central-claim study on any CPU (scale=cpu_fp32, fp32 under an AVX2 cap): the queue of issue
+# 55, resumable and skip-finished, one run at a time; SIGTERM stops it cleanly (it resumes).
+# STUDY_ARGS=--commit commits each finished run directory as it lands.
+STUDY_ARGS ?=
+study: $(STAMP) ## The fp32 central-claim study's queue (scale=cpu_fp32), resumable [STUDY_ARGS=--commit]
+	$(PYTHON) scripts/reproduce_cpu.py --study cpu_fp32 $(STUDY_ARGS)
+
+study-status: $(STAMP) ## Where the fp32 study's queue stands: done / running / queued, wall times, ETA
+	$(PYTHON) scripts/reproduce_cpu.py --study cpu_fp32 --status
+
+# The pilots that sized scale=cpu_fp32 (one real epoch of each arm under the AVX2 cap).
+bench-study-pilot: $(STAMP) ## The fp32 study's scale pilots -> results/bench/study_pilots.csv
+	$(PYTHON) scripts/bench_study_pilot.py
+
+# The central-claim study in bf16 (scale=cpu_long, 30 epochs; only on a CPU with native bf16): Table 1 ResNet-18 and Figure 2 (b)'s
 # data-driven arms for 3 seeds, then Table 3 Top-K. Resumable; skips finished runs.
 reproduce-cpu-long: $(STAMP) ## The central-claim study (scale=cpu_long, 30 epochs), resumable
 	$(PYTHON) scripts/reproduce_cpu.py --study cpu_long --seeds 42 43 44

@@ -13,8 +13,17 @@ Two studies (`--study`):
   epochs in both arms (FIG2_WINDOWS), inside or outside the critical regimes, so the two
   differ in where the high compression goes, not how much of it there is.
 
+- `cpu_fp32` (the central-claim study on any CPU, `make study`): `scale=cpu_fp32`, fp32 on the
+  whole CIFAR-10 under an AVX2 instruction-set cap (AVX2_CAP), so that an AVX2 machine and an
+  AVX512 one compute the same bits and no run depends on a CPU feature. Its queue (FP32_ORDER):
+  rank 2 (the detect run whose flags make the Figure 2 (b) plan), rank 1, the inside arm, the
+  earliest, latest and random control arms, Accordion 2<->1, Accordion without the LR-decay
+  rule, the LR-decay rule alone, each for seeds 42-44; then seeds 45 and 46 of every headline
+  contrast whose 95 % interval still spans zero; then Table 3's Top-K cells and the successors.
+  `make study-status` prints done / running / queued with wall times and an ETA.
+
 Each run is the ordinary CLI command (printed before it starts), so any row can be rerun by
-hand. Finished runs are skipped, an interrupted one resumes from its checkpoint, and
+hand; a study with an instruction-set cap prints it as the command's environment. Finished runs are skipped, an interrupted one resumes from its checkpoint, and
 checkpoints are deleted once a run completes (results/ keeps resolved.yaml, metrics.jsonl and
 summary.json). Wall times go to <runs>/timings.csv, a resumed run's with every attempt's.
 
@@ -35,6 +44,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 STOPPED = 128 + signal.SIGTERM  # the runner's exit status when told to stop (as the trainer's)
@@ -105,16 +116,19 @@ PRECISION_CHECK = {
 #   (0-1, 15, 25 at this scale's detector interval of 1 epoch), rank 1 elsewhere, no norm test.
 #   No committed run is this schedule: Accordion at eta 0.5 also kept 2-9 layer-epochs of 630 at
 #   rank 2 where the norm test fired, so the difference between the two is the norm test's share.
+#   Its windows are the scale's fig2_windows (lr_rule_windows), [[0,2],[15,16],[25,26]] there.
 ABLATION_LABELS = {"no_lr_rule": "Accordion 2<->1, no LR-decay rule",
                    "eta0.1": "Accordion 2<->1 (eta 0.1)",
-                   "lr_rule_only": "LR-decay rule only (rank 2 in 0-1, 15, 25)"}
+                   "lr_rule_only": "LR-decay rule only (rank 2 in the first check and after "
+                                   "each decay)"}
+LR_RULE_ONLY = "ablation/resnet18_powersgd_lr_rule_only"
 ABLATION = {
     f"ablation/resnet18_powersgd_{name}": (
         "table1/resnet18_powersgd_accordion" if name != "lr_rule_only"
         else "fig2/resnet18_high_outside",
         [*{"no_lr_rule": ["schedule.lr_decay_rule=false"], "eta0.1": ["schedule.eta=0.1"],
-           "lr_rule_only": ["schedule.windows=[[0,2],[15,16],[25,26]]", "schedule.inside=2",
-                            "schedule.outside=1", "run.figure=null", "run.method=lr_rule_only"]}[name],
+           "lr_rule_only": ["schedule.inside=2", "schedule.outside=1", "run.figure=null",
+                            "run.method=lr_rule_only"]}[name],
          f"run.name=ablation/resnet18_powersgd_{name}", "run.table=null",
          f"run.label='{label}'"])
     for name, label in ABLATION_LABELS.items()
@@ -141,15 +155,53 @@ LONG_SUCCESSORS = ["successors/resnet18_lgreco", "successors/resnet18_lgreco_acc
 FIG2_REFERENCE = "table1/resnet18_powersgd_static_low"
 FIG2_ARMS = {"fig2/resnet18_high_inside": "inside", "fig2/resnet18_high_outside": "outside",
              "fig2/resnet18_high_earliest": "earliest", "fig2/resnet18_high_random": "random"}
+# What holds torch (ATen), MKL and oneDNN to AVX2 on a CPU that has more: the fp32 study runs so,
+# and an AVX512 machine then computes what an AVX2 one does (the golden AVX2 metrics made on a
+# real AVX2 machine were reproduced so, bit for bit: tests/test_golden_metrics.py).
+AVX2_CAP = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+            "ONEDNN_MAX_CPU_ISA": "AVX2"}
 STUDIES = {
-    "cpu": {"scale": "cpu", "data_check": "cifar10-sample", "runs": "cpu"},
-    "cpu_full": {"scale": "cpu_full", "data_check": "cifar10-jpeg-full", "runs": "cpu_full"},
-    "cpu_long": {"scale": "cpu_long", "data_check": "cifar10-jpeg-full", "runs": "cpu_long"},
+    "cpu": {"scale": "cpu", "data_check": "cifar10-sample", "runs": "cpu", "env": {}},
+    "cpu_full": {"scale": "cpu_full", "data_check": "cifar10-jpeg-full", "runs": "cpu_full",
+                 "env": {}},
+    "cpu_long": {"scale": "cpu_long", "data_check": "cifar10-jpeg-full", "runs": "cpu_long",
+                 "env": {}},
+    "cpu_fp32": {"scale": "cpu_fp32", "data_check": "cifar10-jpeg-full", "runs": "cpu_fp32",
+                 "env": AVX2_CAP},
 }
+# The fp32 study's queue (issue 55), arm by arm, each arm for every seed before the next: the
+# rank-2 detect run first (its flags make the plan of the Figure 2 (b) arms of its seed).
+FP32_CENTRAL = [FIG2_REFERENCE, "table1/resnet18_powersgd_static_high",
+                "fig2/resnet18_high_inside", "fig2/resnet18_high_earliest",
+                "fig2/resnet18_high_outside", "fig2/resnet18_high_random",
+                "table1/resnet18_powersgd_accordion", "ablation/resnet18_powersgd_no_lr_rule",
+                "ablation/resnet18_powersgd_lr_rule_only"]
+FP32_SEEDS, FP32_MORE_SEEDS = [42, 43, 44], [45, 46]
+# The headline contrasts (analysis/paired.py HEADLINE), by the arms each needs: when one's 95 %
+# interval over the first seeds spans zero, its arms run for FP32_MORE_SEEDS too.
+FP32_TOPK = CIFAR_PRESETS[4:7]
+FP32_SUCCESSORS = ["successors/resnet18_lgreco_accordion", "successors/resnet18_acp_powersgd",
+                   "successors/resnet18_acp_accordion", "successors/resnet18_phase_rule",
+                   "successors/resnet18_auto"]
+
+
+PLANNED = ("cpu_long", "cpu_fp32")  # the studies whose Figure 2 (b) arms follow a detect run
 
 
 def run_dir(runs: Path, preset: str, seed: int) -> Path:
     return runs / preset / f"seed{seed}"
+
+
+def scale_file(study: str) -> dict:
+    """The study's conf/scale/<scale>.yaml, as written."""
+    return yaml.safe_load((REPO / "conf" / "scale" / f"{STUDIES[study]['scale']}.yaml").read_text())
+
+
+def lr_rule_windows(study: str) -> str:
+    """The LR-decay rule alone's rank-2 epochs at a scale: its fig2_windows (the first detector
+    interval and the epoch after each decay), as a schedule.windows override value."""
+    windows = scale_file(study)["scale"]["fig2_windows"]
+    return "[" + ",".join(f"[{a},{b}]" for a, b in windows) + "]"
 
 
 def fig2_plan(runs: Path, seed: int):
@@ -169,7 +221,7 @@ def command(preset: str, seed: int, data: Path, out: Path, extra: list[str],
             study: str = "cpu", runs: Path | None = None) -> list[str]:
     if preset.startswith("table3/lstm"):
         dataset = []
-    elif study in ("cpu_full", "cpu_long"):
+    elif study in ("cpu_full", *PLANNED):
         dataset = ["dataset=cifar10_jpeg"]
     else:
         dataset = ["dataset=npz"]
@@ -178,9 +230,11 @@ def command(preset: str, seed: int, data: Path, out: Path, extra: list[str],
     if study == "cpu_full" and preset in FIG2_WINDOWS:
         schedule = [f"schedule.windows={FIG2_WINDOWS[preset]}", "schedule.inside=1",
                    "schedule.outside=2"]
-    if study == "cpu_long" and preset == FIG2_REFERENCE:
+    if study in PLANNED and preset == FIG2_REFERENCE:
         schedule = ["schedule.detect=true"]
-    if study == "cpu_long" and preset in FIG2_ARMS:
+    if preset == LR_RULE_ONLY:
+        schedule = [f"schedule.windows={lr_rule_windows(study)}"]
+    if study in PLANNED and preset in FIG2_ARMS:
         plan = fig2_plan(runs, seed)
         if plan is None:
             raise PlanNotReady(f"{preset} seed {seed} needs {FIG2_REFERENCE} seed {seed} first")
@@ -195,10 +249,15 @@ class PlanNotReady(RuntimeError):
     """A Figure 2 (b) arm whose reference run has not finished."""
 
 
-def run_order(study: str, seeds: list[int], patterns: list[str]) -> list[tuple[str, int]]:
+def run_order(study: str, seeds: list[int], patterns: list[str],
+              runs: Path | None = None) -> list[tuple[str, int]]:
     """(preset, seed) pairs in the order they run: the study's order, or, with several
-    patterns, the runs each pattern picks, pattern by pattern (each run once)."""
-    if study == "cpu_long":
+    patterns, the runs each pattern picks, pattern by pattern (each run once). The fp32
+    study's order depends on its finished runs (`runs`): the extra seeds of an undecided
+    contrast join it once the first seeds have decided nothing."""
+    if study == "cpu_fp32":
+        order = fp32_order(seeds, runs)
+    elif study == "cpu_long":
         order = [(p, s) for s in seeds for p in LONG_CORE]
         order += [(p, s) for s in seeds for p in LONG_EXTRA]
         order += [(p, s) for s in seeds for p in LONG_CONTROLS]
@@ -221,15 +280,88 @@ def run_order(study: str, seeds: list[int], patterns: list[str]) -> list[tuple[s
     return picked
 
 
+def fp32_order(seeds: list[int], runs: Path | None) -> list[tuple[str, int]]:
+    """The fp32 study's queue: the central arms for the first seeds, arm by arm; the extra seeds
+    of the undecided headline contrasts; then Table 3's Top-K cells and the successors."""
+    order = [(p, s) for p in FP32_CENTRAL for s in seeds]
+    more = [s for s in FP32_MORE_SEEDS if s not in seeds]
+    extend = undecided_arms(runs, seeds) if more and runs is not None else set()
+    order += [(p, s) for p in FP32_CENTRAL if p in extend for s in more]
+    order += [(p, s) for p in FP32_TOPK for s in seeds]
+    order += [(p, s) for p in FP32_SUCCESSORS for s in seeds]
+    return order
+
+
+# The presets of the methods the headline contrasts compare (analysis/paired.py HEADLINE).
+METHOD_PRESETS = {"high_outside": "fig2/resnet18_high_outside",
+                  "high_inside": "fig2/resnet18_high_inside",
+                  "high_earliest": "fig2/resnet18_high_earliest",
+                  "high_random": "fig2/resnet18_high_random",
+                  "accordion": "table1/resnet18_powersgd_accordion",
+                  "static_low": FIG2_REFERENCE}
+
+
+def final_metric(path: Path) -> float:
+    return json.loads((path / "metrics.jsonl").read_text().splitlines()[-1])["test_acc"]
+
+
+def undecided_arms(runs: Path, seeds: list[int]) -> set[str]:
+    """The presets that run again for more seeds: those of every headline contrast whose 95 %
+    interval over `seeds` spans zero (with the rank-2 detect run, whose plan the Figure 2 (b)
+    arms of a seed need). Empty until every run the contrasts read has finished."""
+    from accordion_repro.analysis.paired import HEADLINE
+    from accordion_repro.analysis.stats import paired_stats
+
+    needed = {METHOD_PRESETS[m] for pair in HEADLINE for m in pair}
+    if not all(completed(run_dir(runs, p, s)) for p in needed for s in seeds):
+        return set()
+    arms = set()
+    for minuend, subtrahend in HEADLINE:
+        a, b = METHOD_PRESETS[minuend], METHOD_PRESETS[subtrahend]
+        stats = paired_stats([final_metric(run_dir(runs, a, s)) - final_metric(run_dir(runs, b, s))
+                              for s in seeds])
+        if stats.ci_low is None or stats.ci_low <= 0 <= stats.ci_high:
+            arms |= {a, b, FIG2_REFERENCE}
+    return arms
+
+
 def completed(path: Path) -> bool:
     summary = path / "summary.json"
     return summary.exists() and json.loads(summary.read_text()).get("status") == "completed"
 
 
+def study_env(study: str) -> dict[str, str]:
+    """The environment a study's runs get: this one, with the study's instruction-set cap."""
+    return {**os.environ, **STUDIES[study]["env"]}
+
+
+def bf16_refusal(study: str, extra: list[str]) -> str | None:
+    """Why this study's runs must not start here, if they are bf16 and this CPU (under the
+    study's cap) has no native bf16: emulated bf16 is 8-12x slower than fp32, and an fp32 run
+    in its place would be another configuration. None where nothing stands in the way."""
+    precision = scale_file(study).get("trainer", {}).get("precision", "fp32")
+    for override in extra:
+        if override.startswith("trainer.precision="):
+            precision = override.split("=", 1)[1]
+    if precision != "bf16":
+        return None
+    probe = subprocess.run(
+        [sys.executable, "-c", "from accordion_repro.engine.precision import "
+         "cpu_bf16_is_emulated as e; print(int(e()))"],
+        env=study_env(study), capture_output=True, text=True, cwd=REPO)
+    if probe.stdout.strip() != "1":
+        return None
+    return (f"the {study} study runs in bf16 and this CPU has no native bf16 (oneDNN reports "
+            "none): emulated, a run would take 8-12x as long, and an fp32 run is a different "
+            "configuration; run it on a CPU with AVX512-BF16 or AMX, or run --study cpu_fp32")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--study", choices=sorted(STUDIES), default="cpu")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43])
+    parser.add_argument("--seeds", type=int, nargs="+", default=None,
+                        help="default: 42 43 44 for cpu_fp32 (then 45 46 where undecided), "
+                             "else 42 43")
     parser.add_argument("--data", type=Path,
                         default=Path(os.environ.get("ACCORDION_DATA", REPO / "data")),
                         help="the data folder (docs/data.md); default $ACCORDION_DATA or data/")
@@ -238,30 +370,71 @@ def main() -> int:
     parser.add_argument("--only", nargs="+", default=["*"], metavar="PATTERN",
                         help="fnmatch patterns on the preset name; several run in the order given")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    parser.add_argument("--status", action="store_true",
+                        help="print done / running / queued with wall times and an ETA, run nothing")
+    parser.add_argument("--commit", action="store_true",
+                        help="git-commit each finished run directory (no checkpoints) as it lands")
     parser.add_argument("extra", nargs="*", help="further overrides for every run")
     args = parser.parse_args()
     study = STUDIES[args.study]
+    seeds = args.seeds or (FP32_SEEDS if args.study == "cpu_fp32" else [42, 43])
     runs = args.runs or REPO / "results" / "runs" / study["runs"]
+    if args.status:
+        from accordion_repro.study_status import print_status
+
+        return print_status(args.study, seeds, runs, args.only)
     if not args.dry_run and not (args.data / study["data_check"]).exists():
         print(f"error: the real data is not at {args.data / study['data_check']} (docs/data.md "
               f"says where it comes from and how to build it); pass --data", file=sys.stderr)
         return 2
+    if not args.dry_run and (why := bf16_refusal(args.study, args.extra)):
+        print(f"error: {why}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        for preset, seed in run_order(args.study, seeds, args.only, runs):
+            try:
+                argv = command(preset, seed, args.data.resolve(), run_dir(runs, preset, seed),
+                               args.extra, args.study, runs)
+            except PlanNotReady as why:
+                print(f"later: {why}")
+                continue
+            print("$ " + _shown(argv, study["env"]))
+        return 0
+    with queue_lock(runs):
+        return _run_queue(args, seeds, runs)
+
+
+def _shown(argv: list[str], env: dict[str, str]) -> str:
+    return " ".join([*(f"{k}={v}" for k, v in env.items()), *argv])
+
+
+def _run_queue(args, seeds: list[int], runs: Path) -> int:
+    """Run what the queue holds, one run at a time, until nothing runnable is left. The order
+    is computed afresh after each run, as the fp32 study's extension depends on its results."""
+    study = STUDIES[args.study]
     start_all = time.perf_counter()
-    for preset, seed in run_order(args.study, args.seeds, args.only):
-        out = run_dir(runs, preset, seed)
-        if completed(out):
-            print(f"done already: {out}")
-            continue
-        try:
-            argv = command(preset, seed, args.data.resolve(), out, args.extra, args.study, runs)
-        except PlanNotReady as why:
-            print(f"later: {why}")
-            continue
-        print("$ " + " ".join(argv), flush=True)
-        if args.dry_run:
-            continue
+    attempted: set[tuple[str, int]] = set()
+    while True:
+        pending = []
+        for preset, seed in run_order(args.study, seeds, args.only, runs):
+            out = run_dir(runs, preset, seed)
+            if completed(out) or (preset, seed) in attempted:
+                continue
+            try:
+                argv = command(preset, seed, args.data.resolve(), out, args.extra, args.study,
+                               runs)
+            except PlanNotReady as why:
+                print(f"later: {why}")
+                continue
+            pending.append((preset, seed, out, argv))
+            break
+        if not pending:
+            break
+        preset, seed, out, argv = pending[0]
+        attempted.add((preset, seed))
+        print("$ " + _shown(argv, study["env"]), flush=True)
         start = time.perf_counter()
-        returncode, stopped = run_trainer(argv)
+        returncode, stopped = run_trainer(argv, study_env(args.study))
         elapsed = add_wall_time(runs, preset, seed, time.perf_counter() - start,
                                 finished=returncode == 0)
         if returncode != 0:
@@ -276,17 +449,69 @@ def main() -> int:
         if log.exists() and log.stat().st_size == 0:
             log.unlink()
         print(f"{preset} seed {seed}: {elapsed / 60:.1f} min", flush=True)
+        if args.commit:
+            commit_run(runs, out, f"{args.study}: {preset} seed {seed} ({elapsed / 60:.1f} min)")
         if stopped:
             return STOPPED
-    if not args.dry_run:
-        timings = runs / "timings.csv"
-        rows = list(csv.DictReader(timings.open())) if timings.exists() else []
-        print(f"total: {(time.perf_counter() - start_all) / 60:.1f} min this invocation; "
-              f"{sum(float(r['wall_s']) for r in rows) / 60:.1f} min over all timed runs")
+    timings = runs / "timings.csv"
+    rows = list(csv.DictReader(timings.open())) if timings.exists() else []
+    print(f"total: {(time.perf_counter() - start_all) / 60:.1f} min this invocation; "
+          f"{sum(float(r['wall_s']) for r in rows) / 60:.1f} min over all timed runs")
     return 0
 
 
-def run_trainer(argv: list[str]) -> tuple[int, bool]:
+class queue_lock:
+    """One queue per runs folder: <runs>/queue.pid holds the runner's pid while it runs. A
+    second runner on the same folder is refused in one line naming the first's pid; a file
+    whose process is gone (a killed machine) is taken over."""
+
+    def __init__(self, runs: Path):
+        self.path = runs / "queue.pid"
+
+    def __enter__(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        holder = queue_holder(self.path.parent)
+        if holder is not None and holder != os.getpid():
+            raise SystemExit(f"error: a queue already runs on {self.path.parent} (pid {holder}); "
+                             "stop it (kill -TERM, it resumes) or wait for it")
+        self.path.write_text(f"{os.getpid()}\n")
+        return self
+
+    def __exit__(self, *exc):
+        if queue_holder(self.path.parent) == os.getpid():
+            self.path.unlink(missing_ok=True)
+
+
+def queue_holder(runs: Path) -> int | None:
+    """The pid of the live runner of this runs folder, if any."""
+    try:
+        pid = int((runs / "queue.pid").read_text())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return pid
+
+
+def commit_run(runs: Path, out: Path, message: str) -> None:
+    """Commit one finished run directory and the study's timings, nothing else: `git commit
+    --only` leaves whatever else is staged alone. A busy index (another git command at the same
+    moment) is retried; a commit that still fails is reported, and the queue goes on."""
+    paths = [str(p.relative_to(REPO)) for p in (out, runs / "timings.csv", runs / "fig2")
+             if p.exists()]
+    for attempt in range(10):
+        added = subprocess.run(["git", "add", "--", *paths], cwd=REPO, capture_output=True,
+                               text=True)
+        done = added.returncode == 0 and subprocess.run(
+            ["git", "commit", "--quiet", "--only", "-m", message, "--", *paths], cwd=REPO,
+            capture_output=True, text=True).returncode == 0
+        if done:
+            return
+        time.sleep(3 + attempt)
+    print(f"warning: could not commit {out} (git busy or not a repository); commit it by hand",
+          file=sys.stderr)
+
+
+def run_trainer(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, bool]:
     """Run one training command: (its exit code, whether this runner was told to stop).
 
     A SIGTERM or SIGINT to the runner is passed on to the trainer, which stops cleanly at its
@@ -295,7 +520,7 @@ def run_trainer(argv: list[str]) -> tuple[int, bool]:
     """
     from accordion_repro.launch import STOP_SIGNALS
 
-    child = subprocess.Popen(argv, cwd=REPO)
+    child = subprocess.Popen(argv, cwd=REPO, env=env)
     stopped = []
 
     def forward(signum, frame):

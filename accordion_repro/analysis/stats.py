@@ -96,3 +96,28 @@ def paired_stats(differences: list[float], confidence: float = CONFIDENCE) -> Pa
     else:
         p = 1.0 - t_central_probability(mean / error, n - 1)
     return PairedStats(n, mean, std, mean - half, mean + half, max(p, 0.0), positive)
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment of m p values (family-wise error at the nominal level), in
+    the order given: the i-th smallest p is multiplied by m - i + 1 (i from 1), capped at 1 and
+    made non-decreasing in that order."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted = [0.0] * len(p_values)
+    running = 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[index]))
+        adjusted[index] = running
+    return adjusted
+
+
+MATCH_SEEDS = 3  # seeds each side needs before "matches" is said either way
+
+
+def matches(method: list[float], reference: list[float]) -> bool | None:
+    """MLPerf's reference-convergence reading: the method's seed mean lies within the
+    reference's mean ± 2 sample std. None below MATCH_SEEDS seeds on either side."""
+    if len(method) < MATCH_SEEDS or len(reference) < MATCH_SEEDS:
+        return None
+    centre, spread = statistics.fmean(reference), statistics.stdev(reference)
+    return abs(statistics.fmean(method) - centre) <= 2 * spread

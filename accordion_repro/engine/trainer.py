@@ -34,6 +34,7 @@ from accordion_repro.data import build_data
 from accordion_repro.engine import checkpoint, sharding, stop
 from accordion_repro.engine.clock import PhaseClock
 from accordion_repro.engine.lr import build_epoch_lr
+from accordion_repro.engine.numerics import numerics_record
 from accordion_repro.engine.optim import build_optimizer
 from accordion_repro.engine.precision import LossScaler, autocast
 from accordion_repro.engine.tasks import build_task
@@ -224,7 +225,7 @@ class Trainer:
             num_params=count_parameters(self.model), world_size=self.world_size,
             cpu_threads=torch.get_num_threads(), model=self.run.model_name,
             dataset=self.run.dataset.name, data=self.bundle.description, scale=self.run.scale,
-            metric=self.task.metric)
+            metric=self.task.metric, numerics=numerics_record())
         self.logger.set_status("running")
         if self.config_change:
             change = {"from_epoch": self.start_epoch, "delta": self.config_change}
