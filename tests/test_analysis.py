@@ -6,6 +6,7 @@ writer that follows the run-directory contract of docs/architecture.md. They are
 
 import csv
 import io
+import re
 import json
 import math
 import statistics
@@ -33,7 +34,8 @@ def write_run(root: Path, name: str, *, table="table1", figure=None, model="resn
               metric="test_acc", floats=1000, bytes_per_float=4, epoch_time=2.0, compute=1.5,
               steps=10, collectives=6, world_size=2, status="completed", layers=3,
               critical=None, global_batch=None, schedule=None, lrs=None, lr_scales=None,
-              data=None, width=None, critical_model=None, preset=None, numerics=None) -> Path:
+              data=None, width=None, critical_model=None, preset=None, numerics=None,
+              machine=None) -> Path:
     """A run directory as the trainer writes it; epoch e's accuracy is accs[e].
     schedule: keys that replace the default static schedule's; lrs / lr_scales / critical_model:
     per-epoch values; data: summary.json's data description; width: model.width; numerics:
@@ -69,7 +71,8 @@ def write_run(root: Path, name: str, *, table="table1", figure=None, model="resn
     (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     summary = {"num_params": 1234, "world_size": world_size, "status": status,
                f"final_{metric}": accs[-1], "epochs_completed": len(accs),
-               **({"data": data} if data is not None else {})}
+               **({"data": data} if data is not None else {}),
+               **({"numerics": machine} if machine is not None else {})}
     (run_dir / "summary.json").write_text(json.dumps(summary))
     return run_dir
 
@@ -302,8 +305,9 @@ def test_mixed_scales_get_separate_blocks(tmp_path):
     quiet_build(tmp_path / "runs", tmp_path / "out")
     markdown = (tmp_path / "out/tables/table1.md").read_text()
     assert "Scales: cpu, paper (mixed" in markdown.splitlines()[0]
-    assert "## CIFAR-10, PowerSGD (scale cpu, runs on synthetic_cifar10)" in markdown
-    assert "## CIFAR-10, PowerSGD (scale paper, runs on cifar10)" in markdown
+    assert ("## CIFAR-10, PowerSGD (scale cpu, runs on synthetic_cifar10; fp32; CPU not recorded)"
+            in markdown)
+    assert "## CIFAR-10, PowerSGD (scale paper, runs on cifar10; fp32; CPU not recorded)" in markdown
     means = [row["mean"] for row in read_csv(tmp_path / "out/tables/table1.csv")
              if row["method"] == "static_low" and row["model"] == "resnet18"]
     assert means == ["60.000000", "94.000000"]
@@ -445,21 +449,22 @@ def test_figure2_paired_table_states_each_seeds_finals_and_the_same_seed_differe
     frame = collect_runs(tmp_path / "runs").frame
     md, csv_path = write_paired_table(FIGURES["fig2"], frame, tmp_path / "tables")
     text = md.read_text()
-    assert "## scale cpu_long (bf16 autocast)" in text
+    assert "## scale cpu_long (bf16 autocast; CPU not recorded)" in text
     # floats per run: 0.5M + 1M (the helper logs floats x (epoch + 1))
     assert "| Rank 1 only inside critical regimes | 84.40 | 84.60 | 84.50 ± 0.14 | 1.5 |" in text
     assert "| Rank 2 | 85.10 | – | 85.10 | 1.5 |" in text
     # two differences, +0.8 and +0.7: std 0.0707, t = 0.75 / 0.05 = 15 with one degree of
     # freedom, p = 1 - 2 atan(15) / pi = 0.0424, 95 % CI 0.75 -+ 12.706 x 0.05
     assert ("| Rank 1 only outside critical regimes − Rank 1 only inside critical regimes "
-            "| +0.80 | +0.70 | +0.75 ± 0.07 | [+0.11, +1.39] | 0.042 | 2 of 2 |") in text
-    assert "Accordion" not in text and "Rank 2 − " not in text  # no runs, no row
+            "| +0.80 | +0.70 | +0.75 ± 0.07 | [+0.11, +1.39] | 0.042 | 0.042 | 2 of 2 | – |") in text
+    # Holm over the one headline contrast the block has: its own p; "matches" needs 3 seeds
+    assert "| Accordion" not in text and "Rank 2 − " not in text  # no runs, no row
     rows = list(csv.DictReader(io.StringIO(csv_path.read_text())))
     assert [(r["kind"], r["seed"], round(float(r["value"]), 2)) for r in rows
             if r["name"].startswith("Rank 1 only outside critical regimes −")] == [
         ("difference", "42", 0.8), ("difference", "43", 0.7), ("mean", "", 0.75),
         ("std", "", 0.07), ("ci95_low", "", 0.11), ("ci95_high", "", 1.39),
-        ("p_paired_t", "", 0.04), ("positive", "", 2), ("n", "", 2)]
+        ("p_paired_t", "", 0.04), ("positive", "", 2), ("n", "", 2), ("p_holm", "", 0.04)]
     write_run(tmp_path / "runs", "fig2/high_inside/rank4_seed42", table=None, figure="fig2",
               method="high_inside", seed=42, scale="cpu_long", accs=(30.0, 80.0))
     with pytest.raises(ValueError, match="more than one run per method and seed: .*rank4_seed42"):
@@ -487,12 +492,14 @@ def test_table_paired_compares_each_models_cells_seed_by_seed_in_the_sections_me
     frame = collect_runs(tmp_path / "runs").frame
     md, csv_path = write_table_paired(TABLES["table3"], _table_epochs(frame, "table3"), tmp_path)
     text = md.read_text()
-    assert "## scale cpu_long: resnet18, CIFAR-10, Top-K, final test accuracy (%)" in text
+    assert ("## scale cpu_long (fp32; CPU not recorded): resnet18, CIFAR-10, Top-K, final test "
+            "accuracy (%)") in text
     # +0.5 and -0.5: mean 0, std 0.71, p = 1, one positive of two
     assert ("| Accordion 99%<->10% − K 99% | +0.50 | -0.50 | +0.00 ± 0.71 | [-6.35, +6.35] "
-            "| 1.000 | 1 of 2 |") in text
-    assert "## scale cpu: lstm, WikiText-2, Top-K, final validation perplexity" in text
-    assert "| Accordion 99%<->2% − K 99% | -10.00 | -10.00 | – | – | 0 of 1 |" in text
+            "| 1.000 | 1.000 | 1 of 2 | – |") in text
+    assert ("## scale cpu (fp32; CPU not recorded): lstm, WikiText-2, Top-K, final validation "
+            "perplexity") in text
+    assert "| Accordion 99%<->2% − K 99% | -10.00 | -10.00 | – | – | – | 0 of 1 | – |" in text
     assert "googlenet" not in text  # one cell of a model compares nothing
     rows = list(csv.DictReader(io.StringIO(csv_path.read_text())))
     assert {r["scale"] for r in rows} == {"cpu_long/resnet18", "cpu/lstm"}
@@ -549,7 +556,7 @@ def test_every_epoch_axis_has_integer_ticks(tmp_path):
     built = [figures.figure2(frame[frame["run.figure"] == "fig2"]),
              figures.figure10(frame[frame["run.figure"] == "fig10"])]
     epoch_axes = [axes for figure in built for axes in figure.axes if axes.get_xlabel() == "Epoch"]
-    assert len(epoch_axes) == 3
+    assert len(epoch_axes) == 4  # Figure 2 (b)'s curves and their gaps to rank 2, Figure 10
     for axes in epoch_axes:
         locator = axes.xaxis.get_major_locator()
         assert isinstance(locator, matplotlib.ticker.MaxNLocator) and locator._integer
@@ -628,7 +635,8 @@ def test_paper_figures_state_scale_data_width_and_stand_ins(tmp_path):
     write_run(tmp_path / "c100", "fig9/rank4", table=None, figure="fig9", model="vgg19bn",
               method="rank4", rank=4, dataset="cifar100", scale="paper")
     title = " ".join(figures.figure9(collect_runs(tmp_path / "c100").frame).get_suptitle().split())
-    assert "scale paper; runs on cifar100; models at paper size" in title
+    assert ("scale paper; runs on cifar100; computed in fp32; CPU not recorded; models at paper "
+            "size") in title
     assert "stand-in" not in title and "differs from the paper" not in title
 
     _figure_runs(tmp_path / "synthetic")
@@ -875,7 +883,7 @@ def test_a_cell_and_its_twin_are_one_configuration(own, scale):
 def test_runs_not_computed_in_fp32_say_so_in_their_table_block_and_figure(tmp_path):
     """A scale run in bf16 autocast with channels_last (scale=cpu_long) names it in its own
     table block (md heading, tex caption, csv column) and in every figure's provenance line;
-    an fp32 block beside it stays as it was."""
+    an fp32 block beside it says fp32; both say which CPU ran them (here: not recorded)."""
     from accordion_repro.analysis.collect import collect_runs as collect
     from accordion_repro.analysis.figures import provenance
 
@@ -893,11 +901,13 @@ def test_runs_not_computed_in_fp32_say_so_in_their_table_block_and_figure(tmp_pa
     assert any("scale cpu_full" in h and "bf16" not in h for h in headings)
     assert r"bf16 autocast, channels\_last" in (out / "tables" / "table1.tex").read_text()
     numerics = {row["scale"]: row["numerics"] for row in read_csv(out / "tables" / "table1.csv")}
-    assert numerics == {"cpu_full": "fp32", "cpu_long": "bf16 autocast, channels_last"}
+    assert numerics == {"cpu_full": "fp32; CPU not recorded",
+                        "cpu_long": "bf16 autocast, channels_last; CPU not recorded"}
     frame = collect(runs).frame
     assert provenance(frame[frame["scale.name"] == "cpu_long"]).endswith(
-        "computed in bf16 autocast, channels_last")
-    assert "computed in" not in provenance(frame[frame["scale.name"] == "cpu_full"])
+        "computed in bf16 autocast, channels_last; CPU not recorded")
+    assert provenance(frame[frame["scale.name"] == "cpu_full"]).endswith(
+        "computed in fp32; CPU not recorded")
 
 
 def test_plateau_reports_each_lr_phases_last_third_and_its_trend():
@@ -940,3 +950,56 @@ def test_the_outside_arm_takes_the_latest_quiet_epochs_of_each_phase(case):
     assert chosen == {"per_phase": [4, 5, 9], "shortfall": [3, 4, 5, 9]}[case]
     assert len(chosen) == sum(held) and not any(held[e] for e in chosen)
     assert windows([0, 1, 2, 6, 8, 9]) == [[0, 3], [6, 7], [8, 10]]
+
+
+FP32_MACHINE = {"cpu_model": "AMD EPYC", "cpu_capability": "AVX2", "bf16": "native",
+                "isa_cap": {"ATEN_CPU_CAPABILITY": "avx2"}, "powersgd_packing": "aligned64"}
+
+
+@pytest.mark.parametrize("differing, numerics, machine, key", [
+    ("precision", {"precision": "bf16"}, FP32_MACHINE, "trainer.precision"),
+    ("packing", None, {**FP32_MACHINE, "powersgd_packing": None}, "numerics.powersgd_packing"),
+    ("instruction set", None, {**FP32_MACHINE, "cpu_capability": "AVX512", "isa_cap": {}},
+     "numerics.cpu_capability"),
+], ids=["precision", "packing", "instruction_set"])
+def test_a_pair_of_runs_that_compute_differently_is_refused_naming_the_key(
+        tmp_path, differing, numerics, machine, key):
+    """Issue 55: two runs of one seed are never paired across precisions, PowerSGD packings or
+    instruction sets; the refusal is one line naming the key and both runs."""
+    from accordion_repro.analysis.paired import PairingError, write_paired_table
+
+    write_run(tmp_path / "runs", "fig2/inside/seed42", table=None, figure="fig2",
+              method="high_inside", seed=42, scale="cpu_fp32", machine=FP32_MACHINE)
+    write_run(tmp_path / "runs", "fig2/outside/seed42", table=None, figure="fig2",
+              method="high_outside", seed=42, scale="cpu_fp32", numerics=numerics,
+              machine={k: v for k, v in machine.items() if v is not None})
+    frame = collect_runs(tmp_path / "runs").frame
+    with pytest.raises(PairingError, match=rf"refusing to pair .*outside/seed42 with "
+                                           rf".*inside/seed42: {re.escape(key)} is") as error:
+        write_paired_table(FIGURES["fig2"], frame, tmp_path / "tables")
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / "tables" / "fig2_paired.md").exists()
+
+
+def test_the_matches_column_reads_each_arm_against_its_reference_over_three_seeds(tmp_path):
+    """MLPerf's reading: the first run's seed mean within the second's mean ± 2 sample std.
+    Rank 2 at 85.0 / 85.2 / 85.4 (mean 85.2, std 0.2): outside at 85.3 mean matches it, inside
+    at 84.5 does not; with 2 seeds nothing is said."""
+    from accordion_repro.analysis.paired import write_paired_table
+
+    finals = {"static_low": (85.0, 85.2, 85.4), "high_outside": (85.1, 85.3, 85.5),
+              "high_inside": (84.4, 84.5, 84.6), "accordion": (85.0, 85.2, 85.4)}
+    for method, values in finals.items():
+        for seed, final in zip((42, 43, 44), values):
+            write_run(tmp_path / "runs", f"fig2/{method}/seed{seed}", table=None, figure="fig2",
+                      method=method, seed=seed, scale="cpu_fp32", accs=(30.0, final),
+                      machine=FP32_MACHINE)
+    frame = collect_runs(tmp_path / "runs").frame
+    md, csv_path = write_paired_table(FIGURES["fig2"], frame, tmp_path / "tables")
+    rows = {(r["name"], r["kind"]): r["value"] for r in csv.DictReader(csv_path.open())}
+    assert rows[("Rank 1 only outside critical regimes − Rank 1 only inside critical regimes",
+                 "matches")] == "no"  # inside's std is 0.1: 85.3 is 0.8 off
+    assert rows[("Accordion 2<->1 − Rank 2", "matches")] == "yes"
+    assert "fp32; CPU AMD EPYC, AVX2 cap" in md.read_text().splitlines()[4]
+    two = write_paired_table(FIGURES["fig2"], frame[frame["seed"] != 44], tmp_path / "two")[1]
+    assert not any(r["kind"] == "matches" for r in csv.DictReader(two.open()))

@@ -57,7 +57,7 @@ def test_successors_table_states_cis_floats_and_paired_differences_by_seed(tmp_p
     write_run(tmp_path / "runs", "cpu/accordion", method="accordion", seed=42, scale="cpu")
     md, csv_path = build(tmp_path / "runs", tmp_path / "out")["successors"]
     text = md.read_text()
-    assert "## scale cpu_long (bf16 autocast)" in text and "## scale cpu\n" not in text
+    assert "## scale cpu_long (bf16 autocast; CPU not recorded)" in text and "## scale cpu\n" not in text
     # floats: seed s logs 100,000 (s - 41) x (1 + 2) over its two epochs -> mean 0.6M
     assert "| Accordion 2<->1 | 3 | 85.00 ± 0.20 | [84.50, 85.50] | 0.6 | 4 |" in text
     assert "| ACP-SGD rank 2 | 2 | 84.25 ± 0.35 | [81.07, 87.43] | 0.5 | 4 |" in text

@@ -148,22 +148,27 @@ def test_every_derived_number_of_the_central_claim_section_is_redone_from_commit
 
 
 @pytest.mark.slow
-def test_committed_tables_are_what_make_figures_builds_from_the_committed_runs(tmp_path):
-    """`make figures` (RUNS=results/runs, NET=10gbit) rebuilds every committed table byte for
-    byte: a run added or changed without rebuilding them, or a table edited by hand, fails."""
+def test_committed_tables_and_figures_are_what_make_figures_builds_from_the_committed_runs(
+        tmp_path):
+    """`make figures` (RUNS=results/runs, NET=10gbit) rebuilds every committed table and figure,
+    PNG and PDF, byte for byte: a run added or changed without rebuilding them, a table edited
+    by hand, or a PDF drawn with another copy of its font (figures._bundled_fonts_only) fails."""
     import warnings
 
     from accordion_repro.analysis import build_all
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # unfinished runs and missing cells are expected here
-        written = build_all(REPO / "results" / "runs", tmp_path, net="10gbit", figures=False)
+        written = build_all(REPO / "results" / "runs", tmp_path, net="10gbit")
     built = sorted(path for paths in written.values() for path in paths)
-    assert len(built) == 26  # tables 1-6 (md, tex, csv); fig2, table1, table3 _paired and
+    tables = [path for path in built if path.parent.name == "tables"]
+    assert len(tables) == 26  # tables 1-6 (md, tex, csv); fig2, table1, table3 _paired and
     # successors (md, csv)
+    committed = sorted((REPO / "results" / "figures").iterdir())
+    assert [p.name for p in built if p.parent.name == "figures"] == [p.name for p in committed]
     for path in built:
-        committed = REPO / "results" / "tables" / path.name
-        assert path.read_bytes() == committed.read_bytes(), f"rebuild differs: {committed}"
+        mine = REPO / "results" / path.parent.name / path.name
+        assert path.read_bytes() == mine.read_bytes(), f"rebuild differs: {mine}"
 
 
 def _guarantees(text: str) -> list[str]:

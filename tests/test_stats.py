@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from accordion_repro.analysis.stats import (PairedStats, paired_stats, t_central_probability,
+from accordion_repro.analysis.stats import (PairedStats, holm, matches, paired_stats,
+                                            t_central_probability,
                                             t_quantile)
 
 # Two-sided 95 % points of Student's t (any printed table; e.g. Fisher & Yates, Table III).
@@ -54,3 +55,18 @@ def test_one_difference_has_no_spread_interval_or_p():
 def test_degrees_of_freedom_must_be_a_positive_integer(bad):
     with pytest.raises(ValueError, match="positive integer"):
         t_central_probability(1.0, bad)
+
+
+def test_holm_multiplies_the_ith_smallest_p_by_m_minus_i_plus_1_and_keeps_the_order():
+    # sorted: 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> 0.06 (never below the step
+    # before it); returned in the order given
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm([0.5, 0.6]) == pytest.approx([1.0, 1.0])  # capped at 1
+    assert holm([0.042]) == pytest.approx([0.042])
+
+
+def test_matches_says_nothing_below_three_seeds_and_reads_mean_within_two_std():
+    reference = [85.0, 85.2, 85.4]  # mean 85.2, sample std 0.2: the band is 84.8 to 85.6
+    assert matches([85.5, 85.6, 85.7], reference) is True
+    assert matches([85.6, 85.7, 85.8], reference) is False
+    assert matches([85.2, 85.2], reference) is None and matches([85.2] * 3, reference[:2]) is None

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from accordion_repro.analysis.collect import SkippedRunWarning, collect_runs
+from accordion_repro.analysis.collect import RUN_DIR, SkippedRunWarning, collect_runs
 from accordion_repro.analysis.comparison import comparison_runs, write_comparison_table
-from accordion_repro.analysis.consistency import check_one_configuration
+from accordion_repro.analysis.consistency import check_one_configuration, configuration_check
 from accordion_repro.analysis.costmodel import check_workers, resolve_network
 from accordion_repro.analysis.layout import COMPARISONS, FIGURES, TABLES, TWINS, run_command
 from accordion_repro.analysis.paired import write_paired_table, write_table_paired
@@ -45,10 +45,12 @@ def build_all(runs_dir: str | Path = "results/runs", out_dir: str | Path = "resu
     out_dir = Path(out_dir)
     frame = collect_runs(runs_dir).frame
     runs = summarize_runs(frame, net=net, workers=workers)
-    table_runs = {table_id: _table_runs(runs, table_id) for table_id in TABLES}
-    figure_runs = {figure_id: _figure_runs(frame, figure_id) for figure_id in FIGURES}
+    configs: dict[str, dict] = {}  # resolved.yaml by run directory
+    same = configuration_check(runs_dir, configs)
+    table_runs = {table_id: _table_runs(runs, table_id, same) for table_id in TABLES}
+    figure_runs = {figure_id: _figure_runs(frame, figure_id, same) for figure_id in FIGURES}
     compared = {spec_id: comparison_runs(spec, runs) for spec_id, spec in COMPARISONS.items()}
-    configs: dict[str, dict] = {}  # before anything is written: a mixed cell stops the build
+    # before anything is written: a mixed cell stops the build
     for owner, owned in (*table_runs.items(), *figure_runs.items(), *compared.items()):
         check_one_configuration(runs_dir, owned, owner, configs)
     written: dict[str, list[Path]] = {}
@@ -58,7 +60,7 @@ def build_all(runs_dir: str | Path = "results/runs", out_dir: str | Path = "resu
                                                 out_dir / "tables")
     for table_id in PAIRED_TABLES:
         written[f"{table_id}_paired"] = write_table_paired(
-            TABLES[table_id], _table_epochs(frame, table_id), out_dir / "tables")
+            TABLES[table_id], _table_epochs(frame, table_id, same), out_dir / "tables")
     for spec_id, spec in COMPARISONS.items():
         written[spec_id] = write_comparison_table(spec, compared[spec_id], out_dir / "tables")
     if figures:
@@ -109,11 +111,13 @@ def _by_scale(frame: pd.DataFrame, figure_id: str) -> list[tuple[str, pd.DataFra
 
 
 def _with_twins(frame: pd.DataFrame, own: pd.DataFrame, column: str, owner: str,
-                cells) -> pd.DataFrame:
+                cells, same=None) -> pd.DataFrame:
     """The runs of a table or figure (`own`: its rows of `frame`, where `column` == `owner`)
     plus, at each scale where it has runs of its own, the runs of TWINS standing in for the
     cells it has no run of; these keep their run directory and get `twin_of` = the preset that
-    was run. (A scale with only twins gets none: the table or figure would show another's.)"""
+    was run. (A scale with only twins gets none: the table or figure would show another's.)
+    Where a cell has runs of its own, a twin's run fills a seed the cell lacks only when
+    same(own run, twin run) says the two are one configuration (consistency.py)."""
     if own.empty or "scale.name" not in own:
         return own
     scales = set(own["scale.name"])
@@ -122,9 +126,18 @@ def _with_twins(frame: pd.DataFrame, own: pd.DataFrame, column: str, owner: str,
         preset = TWINS.get(cell.preset)
         if preset is None:
             continue
-        mine = (own["run.method"] == cell.method) & (own["model.name"] == cell.model)
+        mine = own[(own["run.method"] == cell.method) & (own["model.name"] == cell.model)]
+        first_own = dict(zip(mine["scale.name"], mine[RUN_DIR]))
+        covered = set(zip(mine["scale.name"], mine["seed"]))
         rows = frame[_column_equals(frame, "run.name", preset)]
-        rows = rows[rows["scale.name"].isin(scales - set(own.loc[mine, "scale.name"]))].copy()
+
+        def wanted(scale, seed, run_dir) -> bool:
+            if scale not in scales or (scale, seed) in covered:
+                return False
+            return scale not in first_own or (same is not None and same(first_own[scale], run_dir))
+
+        rows = rows[[wanted(*key) for key in zip(rows["scale.name"], rows["seed"],
+                                                  rows[RUN_DIR])]].copy()
         if rows.empty:
             continue
         rows[column], rows["run.method"], rows["twin_of"] = owner, cell.method, preset
@@ -132,22 +145,22 @@ def _with_twins(frame: pd.DataFrame, own: pd.DataFrame, column: str, owner: str,
     return pd.concat([own, *twins], ignore_index=True) if twins else own
 
 
-def _table_runs(runs: pd.DataFrame, table_id: str) -> pd.DataFrame:
+def _table_runs(runs: pd.DataFrame, table_id: str, same=None) -> pd.DataFrame:
     """summarize_runs() rows of one table, twins included."""
     return _with_twins(runs, runs[runs["run.table"] == table_id], "run.table", table_id,
-                       TABLES[table_id].cells)
+                       TABLES[table_id].cells, same)
 
 
-def _table_epochs(frame: pd.DataFrame, table_id: str) -> pd.DataFrame:
+def _table_epochs(frame: pd.DataFrame, table_id: str, same=None) -> pd.DataFrame:
     """One-row-per-epoch rows of a table's runs, twins included."""
     own = frame[_column_equals(frame, "run.table", table_id)]
-    return _with_twins(frame, own, "run.table", table_id, TABLES[table_id].cells)
+    return _with_twins(frame, own, "run.table", table_id, TABLES[table_id].cells, same)
 
 
-def _figure_runs(frame: pd.DataFrame, figure_id: str) -> pd.DataFrame:
+def _figure_runs(frame: pd.DataFrame, figure_id: str, same=None) -> pd.DataFrame:
     """One-row-per-epoch rows of a figure's runs, twins included."""
     own = frame[_column_equals(frame, "run.figure", figure_id)]
-    return _with_twins(frame, own, "run.figure", figure_id, FIGURES[figure_id].cells)
+    return _with_twins(frame, own, "run.figure", figure_id, FIGURES[figure_id].cells, same)
 
 
 def _write_figures(frame: pd.DataFrame, table_runs: dict[str, pd.DataFrame],

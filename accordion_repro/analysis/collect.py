@@ -50,21 +50,44 @@ def model_variant(values: Mapping[str, Any]) -> str | None:
     return f"{values.get('model.name')} ({', '.join(diffs)})" if diffs else None
 
 
-def numerics(values: Mapping[str, Any]) -> str | None:
-    """'bf16 autocast, channels_last' for a run that did not compute as the paper did (fp32,
-    NCHW), else None: every table block and figure of such runs says so."""
-    parts = []
+MACHINE_FILE = "machine.json"  # a study folder's record of the CPU its older runs ran on
+
+
+def cpu_kind(values: Mapping[str, Any]) -> str:
+    """'CPU AMD EPYC, AVX2 cap': the CPU a run's summary.json records (engine/numerics.py), its
+    instruction set, and whether the study held it to a narrower one; for runs from before
+    summary.json recorded it, the study folder's machine.json, else 'CPU not recorded'."""
+    model = values.get("summary.numerics.cpu_model")
+    if isinstance(model, str):
+        capability = values.get("summary.numerics.cpu_capability") or "capability unknown"
+        capped = any(isinstance(value, str) for key, value in values.items()
+                     if key.startswith("summary.numerics.isa_cap."))
+        return f"CPU {model}, {capability}{' cap' if capped else ''}"
+    recorded = values.get("machine.cpu")
+    return f"CPU {recorded}" if isinstance(recorded, str) else "CPU not recorded"
+
+
+def numerics(values: Mapping[str, Any]) -> str:
+    """'fp32; CPU AMD EPYC, AVX2 cap' or 'bf16 autocast, channels_last; CPU ...': the precision,
+    layout and CPU a run computed with; every table block and figure says it."""
     precision = values.get("trainer.precision")
-    if isinstance(precision, str) and precision != "fp32":
-        parts.append(f"{precision} autocast")
+    parts = [f"{precision} autocast" if isinstance(precision, str) and precision != "fp32"
+             else "fp32"]
     channels_last = values.get("trainer.channels_last")
     if isinstance(channels_last, (bool, np.bool_)) and channels_last:
         parts.append("channels_last")
-    return ", ".join(parts) or None
+    return f"{', '.join(parts)}; {cpu_kind(values)}"
+
+
+def numerics_keys(columns) -> list[str]:
+    """The columns numerics() reads."""
+    return [c for c in columns if c in ("trainer.precision", "trainer.channels_last", "machine.cpu")
+            or c.startswith("summary.numerics.")]
 
 
 def numerics_of(frame: pd.DataFrame) -> list[str]:
-    """The non-fp32 numerics among a frame's runs (one-row-per-epoch or one-row-per-run)."""
+    """The numerics (precision, layout, CPU) among a frame's runs (one-row-per-epoch or
+    one-row-per-run)."""
     return _distinct(frame, "numerics", numerics)
 
 
@@ -226,12 +249,17 @@ def collect_runs(runs_dir: str | os.PathLike) -> Collection:
                       SkippedRunWarning, stacklevel=2)
         return collection
     complete, incomplete = find_run_dirs(runs_dir)
+    machines = {folder.parent: _read_json_object(folder).get("cpu")
+                for folder in [runs_dir / MACHINE_FILE, *runs_dir.glob(f"*/{MACHINE_FILE}")]
+                if folder.is_file()}
     collection.broken.extend((str(path), reason) for path, reason in incomplete)
     rows: list[dict] = []
     for run_dir in complete:
         name = run_dir.relative_to(runs_dir).as_posix()
+        machine = next((cpu for folder, cpu in machines.items() if folder in run_dir.parents), None)
         try:
-            rows.extend(load_run(run_dir, name))
+            rows.extend({**row, "machine.cpu": machine} if machine else row
+                        for row in load_run(run_dir, name))
         except UnfinishedRunError as error:
             collection.unfinished.append((str(run_dir), str(error)))
         except RunDirectoryError as error:

@@ -72,3 +72,14 @@ def check_one_configuration(runs_dir: str | Path, runs: pd.DataFrame, owner: str
                     f"configuration ({keys}), so their mean would be mislabelled. Give the "
                     f"variant its own run.name with run.table=null and run.figure=null, or move "
                     f"it out of {runs_dir}.")
+
+
+def configuration_check(runs_dir: str | Path, configs: dict[str, dict]):
+    """same(run a, run b): whether two run directories under runs_dir are one configuration
+    (no differences()); resolved.yaml cached in `configs` by run directory."""
+    def config(name: str) -> dict:
+        if name not in configs:
+            configs[name] = read_config(Path(runs_dir) / name)
+        return configs[name]
+
+    return lambda a, b: not differences(config(a), config(b))

@@ -37,9 +37,32 @@ from accordion_repro.analysis.layout import (FIGURES, METRIC_TITLES, FigureSpec,
 from accordion_repro.analysis.paired import final_accuracies  # noqa: E402
 from accordion_repro.utils import atomic_write  # noqa: E402
 
+def _bundled_fonts_only() -> None:
+    """Draw with the DejaVu fonts matplotlib ships, never a system copy of the same family.
+
+    A PDF embeds a subset of the font file it drew with, so the file decides the bytes; the
+    font manager picks among equally named files in the order it found them, which differs
+    between machines (a system's /usr/share/fonts DejaVu Sans is another version). Keeping only
+    matplotlib's own files makes the PDF a function of the matplotlib version constraints.txt
+    pins, as the PNG already is."""
+    from matplotlib import font_manager
+
+    bundled = Path(matplotlib.get_data_path(), "fonts", "ttf").resolve()
+    manager = font_manager.fontManager
+    manager.ttflist = [font for font in manager.ttflist
+                       if not font.name.startswith("DejaVu")
+                       or Path(font.fname).resolve().parent == bundled]
+    for cached in (getattr(font_manager, "_get_font", None),
+                   getattr(type(manager), "_findfont_cached", None)):
+        if hasattr(cached, "cache_clear"):  # what was looked up before this filter
+            cached.cache_clear()
+
+
+_bundled_fonts_only()
 STYLE = {"font.size": 9, "axes.titlesize": 9, "axes.labelsize": 9, "legend.fontsize": 8,
          "xtick.labelsize": 8, "ytick.labelsize": 8, "pdf.fonttype": 42, "svg.hashsalt": "accordion"}
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf")
+LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 1)))
 MARKERS = {"dense": "s", "static_low": "o", "static_high": "v", "accordion": "*"}
 TRACE_PREFERENCE = ("accordion", "static_low", "static_high", "high_inside", "high_outside")
 CRITICAL_COLOR = "#ff7f0e"
@@ -117,7 +140,9 @@ def _curve_groups(runs: pd.DataFrame, spec: FigureSpec, label_for=None):
 
 
 def _plot_accuracy_curves(axes, runs: pd.DataFrame, spec: FigureSpec, metric: str = "test_acc",
-                          label_for=None):
+                          label_for=None, styled: bool = False):
+    """Seed-mean curves with their min-max band; `styled`: each curve also its own line style,
+    so that curves lying on one another stay visible."""
     curves = []  # (color, per-epoch rows, label) of each curve drawn
     for index, (label, method, scale, group) in enumerate(_curve_groups(runs, spec, label_for)):
         by_epoch = group.groupby("epoch", sort=True)[metric]
@@ -125,7 +150,8 @@ def _plot_accuracy_curves(axes, runs: pd.DataFrame, spec: FigureSpec, metric: st
         seeds = group["run_dir"].nunique()
         color = COLORS[index % len(COLORS)]
         curves.append((color, group, label))
-        axes.plot(mean.index, mean.values, color=color, linewidth=1.4,
+        style = LINESTYLES[index % len(LINESTYLES)] if styled else "-"
+        axes.plot(mean.index, mean.values, color=color, linewidth=1.4, linestyle=style,
                   label=f"{label} (n={seeds})")
         if seeds > 1:
             axes.fill_between(mean.index, low.values, high.values, color=color, alpha=0.15,
@@ -322,15 +348,49 @@ def _plot_final_accuracy(axes, curves) -> None:
     axes.grid(True, axis="y", alpha=0.3)
 
 
+GAP_REFERENCE = "static_low"  # panel (b)'s lower axes: each arm against rank 2, seed by seed
+
+
+def _plot_gaps(axes, curves, reference: str = GAP_REFERENCE) -> None:
+    """Each curve minus the reference method's curve of the same seed, epoch by epoch, averaged
+    over the seeds both have: the curves of panel (b) lie within a point of one another at the
+    end, so their gaps get axes of their own."""
+    refs = [group for _, group, _ in curves if (group["run.method"] == reference).all()]
+    axes.axhline(0.0, color="black", linewidth=0.8)
+    axes.set_xlabel("Epoch")
+    _integer_epochs(axes)
+    axes.grid(True, alpha=0.3)
+    if not refs:
+        axes.text(0.5, 0.5, f"no {reference} runs to compare with", ha="center",
+                  transform=axes.transAxes)
+        return
+    ref = refs[0].pivot_table(index="epoch", columns="seed", values="test_acc")
+    label = next(label for _, group, label in curves if (group["run.method"] == reference).all())
+    for index, (color, group, _) in enumerate(curves):
+        if (group["run.method"] == reference).all():
+            continue
+        mine = group.pivot_table(index="epoch", columns="seed", values="test_acc")
+        seeds = [seed for seed in mine.columns if seed in ref.columns]
+        if not seeds:
+            continue
+        gap = (mine[seeds] - ref[seeds]).mean(axis=1).dropna()
+        axes.plot(gap.index, gap.values, color=color, linewidth=1.2,
+                  linestyle=LINESTYLES[index % len(LINESTYLES)])
+    axes.set_ylabel(f"minus {label}\n(points, same seed)")
+
+
 def figure2(runs: pd.DataFrame, spec: FigureSpec = FIGURES["fig2"]) -> Figure:
-    figure = _new_figure(15.0, 5.6)
-    trace_axes, accuracy_axes, final_axes = figure.subplots(
-        1, 3, gridspec_kw={"width_ratios": (1.15, 1.0, 0.8)})
+    figure = _new_figure(15.0, 6.4)
+    grid = figure.add_gridspec(2, 3, width_ratios=(1.15, 1.0, 0.8), height_ratios=(1.7, 1.0))
+    trace_axes, accuracy_axes = figure.add_subplot(grid[:, 0]), figure.add_subplot(grid[0, 1])
+    final_axes = figure.add_subplot(grid[:, 2])
+    gap_axes = figure.add_subplot(grid[1, 1], sharex=accuracy_axes)
     _plot_norm_trace(trace_axes, figure, _trace_run(runs))
-    curves = _plot_accuracy_curves(accuracy_axes, runs, spec)
+    curves = _plot_accuracy_curves(accuracy_axes, runs, spec, styled=True)
     accuracy_axes.legend(loc="lower right")
     accuracy_axes.set_title("(b) test accuracy with high compression only inside\n"
-                            "or only outside the critical regimes")
+                            "or only outside the critical regimes; below: each against rank 2")
+    _plot_gaps(gap_axes, curves)
     _plot_final_accuracy(final_axes, curves)
     figure.suptitle(_wrapped(f"{spec.title}\n{setup_text(runs, spec)}", figure))
     return figure
@@ -443,8 +503,13 @@ def tradeoff_figure(spec: TableSpec, runs: pd.DataFrame, frame: pd.DataFrame) ->
         handles += [Line2D([], [], color="grey", marker=MARKERS.get(method, "o"), linestyle="",
                            label=label) for method, label in _method_labels(section.cells, runs)]
         axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    figure.suptitle(_wrapped(f"{spec.title}: final metric vs floats communicated\n"
-                             f"{provenance(frame)}\n"
+    missing = [section.title for section in spec.sections if section not in sections]
+    title = (f"{spec.title.split(':', 1)[0]}: {'; '.join(s.title for s in sections)}: final "
+             f"metric vs floats communicated"
+             + (f" (no runs of {'; '.join(missing)} at this scale)" if missing else ""))
+    seeds = sorted({int(seed) for seed in runs["seed"].dropna()}) if "seed" in runs else []
+    figure.suptitle(_wrapped(f"{title}\n{provenance(frame)}\ndata: {data_text(frame)}; seeds "
+                             f"{', '.join(map(str, seeds)) or 'unknown'}\n"
                              f"large markers: mean ± std over seeds; faint dots: single seeds",
                              figure))
     return figure

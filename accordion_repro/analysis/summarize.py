@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from accordion_repro.analysis.collect import (PAPER_MODEL_SIZES, RUN_DIR, first_value, model_variant,
-                                              numerics)
+                                              numerics, numerics_keys)
 from accordion_repro.analysis.costmodel import collective_op, predict_epoch_time, resolve_network
 
 RUN_COLUMNS = ("run.name", "run.table", "run.figure", "run.method", "run.label", "seed",
@@ -63,7 +63,7 @@ def summarize_runs(frame: pd.DataFrame, net="10gbit", workers: int | None = None
             "model.variant": model_variant({key: first_value(epochs, key)
                                                  for key in ("model.name", *PAPER_MODEL_SIZES)}),
             "numerics": numerics({key: first_value(epochs, key)
-                                  for key in ("trainer.precision", "trainer.channels_last")}),
+                                  for key in numerics_keys(epochs.columns)}),
             # the distinct global batch sizes the run trained with (labels of the batch tables)
             "global_batches": tuple(sorted({int(b) for b in epochs["global_batch"].dropna()}))
             if "global_batch" in epochs else (),

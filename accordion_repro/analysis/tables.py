@@ -54,7 +54,7 @@ class Block:
     datasets: tuple[str, ...]    # dataset.name of the runs behind the block
     workers: tuple[int, ...]     # worker counts used by the predicted-time column
     variants: tuple[str, ...] = ()  # reduced models among the runs, e.g. "resnet18 (width=0.25)"
-    numerics: tuple[str, ...] = ()  # non-fp32 numerics among the runs, e.g. "bf16 autocast"
+    numerics: tuple[str, ...] = ()  # the runs' precision and CPU, e.g. "fp32; CPU AMD EPYC, AVX2 cap"
 
     @property
     def missing(self) -> tuple[Cell, ...]:
@@ -310,7 +310,7 @@ def to_csv(spec: TableSpec, blocks: list[Block], net: str) -> str:
                 _csv_number(row.saved), _csv_number(row.time_s), _csv_number(row.speedup), net,
                 "/".join(str(w) for w in block.workers), _csv_number(row.predicted_s),
                 _csv_number(row.predicted_speedup), _csv_number(row.official),
-                "ok" if row.seeds else "missing", " / ".join(block.numerics) or "fp32",
+                "ok" if row.seeds else "missing", " / ".join(block.numerics),
             ])
     return buffer.getvalue()
 
