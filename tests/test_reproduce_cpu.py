@@ -187,3 +187,112 @@ def test_a_stopped_runner_stops_its_trainer_and_says_so(tmp_path):
     previous = signal.getsignal(signal.SIGTERM)
     assert script.run_trainer([sys.executable, "-c", child]) == (3, True)
     assert signal.getsignal(signal.SIGTERM) is previous
+
+
+# ---- the fp32 study (issue 55) -------------------------------------------------------------
+def test_the_fp32_study_queues_each_central_arm_for_every_seed_then_topk_and_successors(tmp_path):
+    order = script.run_order("cpu_fp32", script.FP32_SEEDS, ["*"], tmp_path / "runs")
+    central = [(p, s) for p in script.FP32_CENTRAL for s in script.FP32_SEEDS]
+    assert order[:len(central)] == central and order[0] == (script.FIG2_REFERENCE, 42)
+    assert [p for p, _ in central[:9:3]] == [script.FIG2_REFERENCE,
+                                            "table1/resnet18_powersgd_static_high",
+                                            "fig2/resnet18_high_inside"]
+    rest = order[len(central):]
+    assert rest == [(p, s) for group in (script.FP32_TOPK, script.FP32_SUCCESSORS)
+                    for p in group for s in script.FP32_SEEDS]
+    assert not {s for _, s in order} & set(script.FP32_MORE_SEEDS)  # nothing decided yet
+
+
+def _finished(runs: Path, preset: str, seed: int, final: float) -> None:
+    run = script.run_dir(runs, preset, seed)
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text(json.dumps({"epoch": 0, "test_acc": final}) + "\n")
+    (run / "summary.json").write_text(json.dumps({"status": "completed"}))
+
+
+def test_seeds_45_and_46_join_for_the_arms_of_the_contrasts_still_undecided(tmp_path):
+    """After seeds 42-44 of every headline contrast: latest minus inside +0.9..+1.1 (its 95 %
+    interval excludes zero) and random minus inside likewise stay at three seeds; Accordion
+    minus rank 2 (+0.5, -0.5, +0.1) spans zero, so Accordion and rank 2 (the detect run every
+    plan needs) run for seeds 45 and 46, before the Top-K cells."""
+    runs = tmp_path / "runs"
+    finals = {"fig2/resnet18_high_inside": (84.0, 84.2, 84.1),
+              "fig2/resnet18_high_outside": (85.0, 85.3, 85.0),
+              "fig2/resnet18_high_random": (85.1, 85.2, 85.0),
+              script.FIG2_REFERENCE: (85.0, 85.0, 85.0),
+              "table1/resnet18_powersgd_accordion": (85.5, 84.5, 85.1)}
+    for preset, values in finals.items():
+        for seed, final in zip(script.FP32_SEEDS, values):
+            _finished(runs, preset, seed, final)
+    assert script.undecided_arms(runs, script.FP32_SEEDS) == {
+        "table1/resnet18_powersgd_accordion", script.FIG2_REFERENCE}
+    order = script.run_order("cpu_fp32", script.FP32_SEEDS, ["*"], runs)
+    extra = [(p, s) for p, s in order if s in script.FP32_MORE_SEEDS]
+    assert extra == [(p, s) for p in (script.FIG2_REFERENCE, "table1/resnet18_powersgd_accordion")
+                     for s in script.FP32_MORE_SEEDS]
+    assert order.index(extra[-1]) < order.index((script.FP32_TOPK[0], 42))
+    # one run short of the three seeds: nothing is decided, nothing is added
+    (script.run_dir(runs, "fig2/resnet18_high_random", 44) / "summary.json").unlink()
+    assert script.undecided_arms(runs, script.FP32_SEEDS) == set()
+
+
+@pytest.mark.slow
+def test_the_fp32_study_runs_fp32_under_the_avx2_cap_at_its_scale(tmp_path):
+    argv = script.command(script.LR_RULE_ONLY, 42, tmp_path / "data", tmp_path / "out", [],
+                          "cpu_fp32")
+    cfg = compose_cfg([a for a in argv[3:] if not a.startswith(("hydra.", "paths."))])
+    assert (cfg.scale.name, cfg.trainer.precision, cfg.trainer.channels_last) == \
+        ("cpu_fp32", "fp32", True)
+    assert (cfg.trainer.epochs, cfg.model.width, cfg.dataset.name) == (30, 0.125, "npz")
+    assert cfg.schedule.windows == cfg.scale.fig2_windows == [[0, 2], [15, 16], [25, 26]]
+    assert script.study_env("cpu_fp32")["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    assert script.STUDIES["cpu_fp32"]["env"] == script.AVX2_CAP
+
+
+def test_a_bf16_study_is_refused_where_bf16_is_emulated(monkeypatch):
+    """scale=cpu_long is bf16; under an AVX2 cap oneDNN reports no native bf16, so its runs
+    would be emulated at 8-12x fp32's cost: the runner refuses before any run. fp32 studies and
+    an explicit trainer.precision=fp32 pass."""
+    monkeypatch.setitem(script.STUDIES["cpu_long"], "env", script.AVX2_CAP)
+    why = script.bf16_refusal("cpu_long", [])
+    assert why and "no native bf16" in why and "--study cpu_fp32" in why
+    assert script.bf16_refusal("cpu_long", ["trainer.precision=fp32"]) is None
+    assert script.bf16_refusal("cpu_fp32", []) is None
+
+
+def test_a_second_queue_on_one_runs_folder_is_refused_naming_the_first(tmp_path):
+    import subprocess
+
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "queue.pid").write_text(f"{holder.pid}\n")
+        with pytest.raises(SystemExit, match=rf"a queue already runs on .* \(pid {holder.pid}\)"):
+            script.queue_lock(tmp_path).__enter__()
+    finally:
+        holder.kill()
+        holder.wait()
+    with script.queue_lock(tmp_path):  # its process gone (a killed machine): taken over
+        assert script.queue_holder(tmp_path) == os.getpid()
+    assert not (tmp_path / "queue.pid").exists()
+
+
+def test_study_status_lists_done_running_and_queued_runs_with_an_eta(tmp_path, capsys):
+    from accordion_repro.study_status import print_status
+
+    runs = tmp_path / "runs"
+    _finished(runs, script.FIG2_REFERENCE, 42, 85.0)
+    script.add_wall_time(runs, script.FIG2_REFERENCE, 42, 1500.0, finished=True)
+    stopped = script.run_dir(runs, script.FIG2_REFERENCE, 43)
+    stopped.mkdir(parents=True)
+    (stopped / "summary.json").write_text(json.dumps({"status": "stopped"}))
+    (stopped / "resolved.yaml").write_text("trainer:\n  epochs: 30\n")
+    (stopped / "metrics.jsonl").write_text("{}\n" * 10)
+    assert print_status("cpu_fp32", script.FP32_SEEDS, runs, ["table1/*"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("(queue not running)")
+    assert f"  done     {script.FIG2_REFERENCE} seed 42   25.0 min" in out
+    assert f"  stopped  {script.FIG2_REFERENCE} seed 43  epoch 10/30" in out
+    assert f"  queued   {script.FIG2_REFERENCE} seed 44  " in out
+    # table1/*: rank 2, rank 1 and Accordion for 3 seeds; 7 queued and 2/3 of the stopped one
+    # at the only median there is (25 min): 191.7 min, 3.2 h
+    assert out[-1].startswith("1 done, 0 running, 1 stopped, 7 queued; about 3.2 h of runs left")
