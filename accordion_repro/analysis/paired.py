@@ -26,11 +26,13 @@ from accordion_repro.utils import atomic_write_text
 
 DASH = "–"
 # (minuend, subtrahend) methods of the paired differences: where rank 1 goes at equal floats
-# (the inside arm against each arm outside the critical regimes), whether Accordion keeps the
+# (the inside arm against each arm outside the critical regimes, the latest against the earliest
+# quiet epochs, the latest against no rank 1 at all), whether Accordion keeps the
 # low level's accuracy, and how far apart the two static levels are. A pair is shown where both
 # methods have runs.
 PAIRS = (("high_outside", "high_inside"), ("high_earliest", "high_inside"),
-         ("high_random", "high_inside"), ("accordion", "static_low"),
+         ("high_random", "high_inside"), ("high_outside", "high_earliest"),
+         ("high_outside", "static_low"), ("accordion", "static_low"),
          ("accordion", "static_high"), ("static_low", "static_high"))
 # The study's three headline contrasts (issue 55), reported with Holm-adjusted p values as well
 # as raw ones: rank 1 just before each decay (the latest non-critical epochs) or at random
