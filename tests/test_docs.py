@@ -59,8 +59,8 @@ def _results_section() -> str:
 def _committed_numbers() -> set[str]:
     """Every accuracy of every epoch of the committed studies' finished runs (every scale), their
     floats totals (millions, one decimal), the plateau figures of their LR phases (the trend and
-    range over each phase's last third, analysis/plateau.py) and every number in the tables
-    `make figures` built."""
+    range over each phase's last third, analysis/plateau.py), every number in the tables
+    `make figures` built and every number of the committed benchmark CSVs."""
     import json
 
     from accordion_repro.analysis.plateau import phase_ends
@@ -79,13 +79,16 @@ def _committed_numbers() -> set[str]:
                 known.update((f"{abs(end.trend):.2f}", f"{end.spread:.2f}"))
     for table in (REPO / "results" / "tables").glob("*.md"):
         known.update(re.findall(r"\d[\d,]*\.\d+", table.read_text()))
+    for measured in (REPO / "results" / "bench").glob("*.csv"):  # e.g. the study's pilots
+        known.update(re.findall(r"\d+\.\d+", measured.read_text()))  # commas split fields
     return {number.replace(",", "") for number in known}
 
 
 def test_every_result_in_the_readme_comes_from_a_committed_run_or_table():
     """The README's results section may not carry a number typed in by hand: each accuracy
     (two decimals) and each number in its tables is an epoch's accuracy or a floats total of
-    a finished run under results/runs/<scale>, or a number of results/tables/*.md."""
+    a finished run under results/runs/<scale>, or a number of results/tables/*.md or of
+    results/bench/*.csv."""
     section, known = _results_section(), _committed_numbers()
     accuracies = re.findall(r"(?<![\d.,])\d{2}\.\d{2}(?!\d)", section)
     cells = [number.replace(",", "") for line in section.splitlines()
