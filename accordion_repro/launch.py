@@ -52,6 +52,8 @@ from accordion_repro.engine import stop
 from accordion_repro.engine.settings import TrainerSettings
 from accordion_repro.env import env_rank, env_world_size, local_cuda_device, slurm_env
 from accordion_repro.errors import TrainingDiverged
+from accordion_repro.forkserver_guard import FORKSERVER_DIR, FORKSERVER_OF, PARENT_DIED
+from accordion_repro.rundir import record_job_processes
 from accordion_repro.runlog import report_status, stop_signal_of
 from accordion_repro.settings import RunSettings, require_settings
 from accordion_repro.utils import adopt_environment, die_with_parent, pid_alive
@@ -283,6 +285,7 @@ def _spawned_worker(local_rank: int, run: RunSettings, run_dir: str, store_file:
     # what a library read as the server imported it (OpenMP's OMP_NUM_THREADS) stays the server's,
     # which was the launcher's too.
     adopt_environment(environment)
+    signal.signal(PARENT_DIED, signal.SIG_DFL)  # the server's guard, not a rank's
     take_stop_signals_early(_stop_file(store_file))
     settings = run.dist
     world_size = settings.nproc_per_node
@@ -429,8 +432,9 @@ def _remove_stale_stores() -> None:
 
 # What a CPU rank imports, imported once by the server its ranks are forked from (start_method):
 # what accordion_repro.train imports, never that module itself, which each rank runs as
-# __mp_main__ (multiprocessing's main-module fix-up warns when it was imported already).
-RANK_MODULES = ["hydra", "accordion_repro.config", "accordion_repro.data", "accordion_repro.rundir",
+# __mp_main__ (multiprocessing's main-module fix-up warns when it was imported already); first,
+# the guard that makes the server die with the launcher (forkserver_guard.py).
+RANK_MODULES = ["accordion_repro.forkserver_guard", "hydra", "accordion_repro.config", "accordion_repro.data", "accordion_repro.rundir",
                 "accordion_repro.launch", "accordion_repro.engine.trainer", "torchvision"]
 
 
@@ -467,6 +471,16 @@ def _spawn(run: RunSettings, run_dir: Path, store_file: str) -> None:
     method = start_method(run)
     if method == "forkserver":
         multiprocessing.set_forkserver_preload(RANK_MODULES)  # once the server runs: unused
+        # what the server's guard reads (forkserver_guard.py), set before the server starts.
+        # The pymp-* folder is the server's to remove only where this process made it: one
+        # forked from a process that had made it (a test harness's CLI) shares it with others.
+        os.environ[FORKSERVER_OF] = str(os.getpid())
+        made_here = multiprocessing.process.current_process()._config.get("tempdir") is None
+        directory = multiprocessing.util.get_temp_dir()
+        if made_here:
+            os.environ[FORKSERVER_DIR] = directory
+        else:
+            os.environ.pop(FORKSERVER_DIR, None)
     # Started here, not inside RELAY.starting: multiprocessing starts its resource tracker
     # (once per process) with SIGINT and SIGTERM blocked and then unblocks them, which would
     # undo the block RELAY.starting holds.
@@ -476,6 +490,8 @@ def _spawn(run: RunSettings, run_dir: Path, store_file: str) -> None:
                                      args=(run, str(run_dir), store_file, dict(os.environ)),
                                      nprocs=run.dist.nproc_per_node, join=False, start_method=method)
         RELAY.processes = context.processes
+    # every process of the job, so that no rerun takes the run directory over while one lives
+    record_job_processes(run_dir, [p.pid for p in context.processes] + _forkserver_pid())
     try:
         while not context.join():
             pass
@@ -507,6 +523,15 @@ def _spawn(run: RunSettings, run_dir: Path, store_file: str) -> None:
         for path in context.error_files:  # torch writes a failed rank's traceback there, and
             with contextlib.suppress(OSError):  # reads it, but leaves the file in the temp dir
                 os.unlink(path)
+
+
+def _forkserver_pid() -> list[int]:
+    """The forkserver's pid, where multiprocessing runs one for this process (private state:
+    none where it is not found)."""
+    import multiprocessing.forkserver
+
+    pid = getattr(getattr(multiprocessing.forkserver, "_forkserver", None), "_forkserver_pid", None)
+    return [pid] if isinstance(pid, int) else []
 
 
 # A rank that fails because a peer went away names the peer's loss, not its cause.

@@ -282,6 +282,16 @@ def _what_was_wrong(kept: list[str], epochs: list[int], lines: list[str]) -> str
     return "; ".join(parts + (["held its records out of order"] if unordered else []))
 
 
+def record_job_processes(run_dir: Path, pids: list[int]) -> None:
+    """Add the job's other processes (local ranks, their forkserver) to the lock this process
+    holds on run_dir, so that run_lock takes it over only when none of them lives either."""
+    path = Path(run_dir) / ".lock"
+    with suppress(OSError, json.JSONDecodeError):
+        owner = json.loads(path.read_text())
+        if owner.get("pid") == os.getpid():
+            atomic_write_text(path, json.dumps({**owner, "processes": sorted(pids)}))
+
+
 @contextmanager
 def run_lock(run_dir: Path):
     """Hold run_dir/.lock for the life of the job; refuse when a live job holds it."""
@@ -299,7 +309,14 @@ def run_lock(run_dir: Path):
             except (OSError, json.JSONDecodeError):
                 owner = {}
             pid, host = owner.get("pid"), owner.get("host")
+            job = [p for p in owner.get("processes", []) if isinstance(p, int)]
             if host == me["host"] and isinstance(pid, int) and not pid_alive(pid):
+                living = [p for p in job if pid_alive(p)]
+                if living:  # the launcher is gone, a rank of its job is not
+                    raise RunDirectoryInUse(
+                        f"{run_dir} is in use: pid {living[0]} of the job of pid {pid} (no longer "
+                        f"running) still runs; stop it (kill {' '.join(map(str, living))}) or "
+                        f"wait for it to end")
                 print(f"note: taking over the stale lock of pid {pid} (no longer running) on "
                       f"{run_dir}")
                 path.unlink(missing_ok=True)

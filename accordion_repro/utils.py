@@ -70,8 +70,9 @@ def die_with_parent(sig: int = signal.SIGKILL, parent_pid: int | None = None) ->
     `sig` when its parent dies, even by SIGKILL, so no rank or daemon outlives its starter.
     With `parent_pid`, a child whose parent died before the request took effect exits now."""
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(sig))  # PR_SET_PDEATHSIG
     if parent_pid is not None and os.getppid() != parent_pid:
+        os.kill(os.getpid(), sig)  # as if the request had been in place when the parent died
         os._exit(1)
 
 

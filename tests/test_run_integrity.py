@@ -3,6 +3,7 @@ processes (the CLI in a subprocess, 2 gloo ranks where ranks matter)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,6 +20,7 @@ import pytest
 import yaml
 
 from accordion_repro.analysis.collect import collect_runs, find_run_dirs
+from accordion_repro.utils import pid_alive
 from conftest import REPO, child_processes, local_ranks, read_metrics, read_summary, wait_until
 from harness.forked_cli import run_cli
 
@@ -144,6 +146,59 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "stale lock" in out.stdout
     assert not (run_dir / ".lock").exists()
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` now."""
+    children = [child for child, _ in child_processes(pid)]
+    return children + [grandchild for child in children for grandchild in _descendants(child)]
+
+
+@pytest.mark.slow
+def test_a_killed_launcher_takes_every_process_of_its_job_and_its_pymp_folder_with_it(tmp_path):
+    """Issue 56: SIGKILL to the launcher alone, mid-epoch. Its forkserver (which dies with it,
+    accordion_repro/forkserver_guard.py), the ranks forked from it and the resource tracker are
+    gone within 5 s, and so is the forkserver's pymp-* folder; the lock names the job's other
+    processes, so no rerun takes the directory over while one of them lives."""
+    run_dir, temp = tmp_path / "run", tmp_path / "tmp"
+    temp.mkdir()
+    proc = _popen(run_dir, *TWO_RANKS, "trainer.epochs=20", env={"TMPDIR": str(temp)})
+    try:
+        wait_until(lambda: _training(run_dir) and json.loads((run_dir / ".lock").read_text())
+                   .get("processes"), timeout=180, what="the ranks training", alive=proc)
+        job = _descendants(proc.pid)
+        lock = json.loads((run_dir / ".lock").read_text())
+        assert set(lock["processes"]) <= set(job) and len(lock["processes"]) == 3
+        assert list(temp.glob("pymp-*"))
+        proc.kill()  # the launcher alone, not its process group
+        proc.wait()
+        wait_until(lambda: not any(pid_alive(pid) for pid in job), timeout=5,
+                   what=f"every process of the job ({job}) gone")
+        assert list(temp.glob("pymp-*")) == []
+        assert read_summary(run_dir)["status"] == "running"  # nothing finished the run
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_rerun_while_a_process_of_the_old_job_lives_is_refused_naming_its_pid(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (run_dir / ".lock").write_text(json.dumps(
+            {"pid": dead.pid, "host": socket.gethostname(), "processes": [rank.pid]}))
+        out = cli(run_dir, "trainer.epochs=1")
+        assert out.returncode == 2
+        lines = [line for line in out.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and f"pid {rank.pid} of the job of pid {dead.pid}" in lines[0]
+        assert (run_dir / ".lock").exists() and not (run_dir / "metrics.jsonl").exists()
+    finally:
+        rank.kill()
+        rank.wait()
 
 
 # ---- crash-safe metrics, honest status --------------------------------------------------------
