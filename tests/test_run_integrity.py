@@ -408,6 +408,51 @@ def test_bad_npz_contents_are_refused_before_any_rank_starts(tmp_path, damage):
     assert not (tmp_path / "run" / "resolved.yaml").exists()
 
 
+def _cifar10_files(root: Path, crafted: object | None = None, truncate: bool = False) -> Path:
+    """CIFAR-10's python-version files, 4 images a batch; data_batch_1 replaced by `crafted`
+    pickled, or cut in half."""
+    import pickle
+
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {"data": rng.integers(0, 256, (4, 3072), dtype=np.uint8),
+                 "labels": [int(v) for v in rng.integers(0, 10, 4)]}
+        (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
+    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": list("abcdefghij")}))
+    first = folder / "data_batch_1"
+    if crafted is not None:
+        first.write_bytes(pickle.dumps({"data": crafted, "labels": [0]}, protocol=2))
+    if truncate:
+        first.write_bytes(first.read_bytes()[:2000])
+    return first
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage, checksums, ranks", [
+    ("crafted", "true", 1), ("crafted", "true", 2), ("crafted", "false", 1),
+    ("crafted", "false", 2), ("truncated", "false", 1), ("truncated", "false", 2)])
+def test_a_crafted_or_damaged_cifar_batch_is_refused_in_one_line_and_runs_nothing(
+        tmp_path, damage, checksums, ranks):
+    """Issue 56: a CIFAR batch is a pickle. One whose unpickling would run `touch` is refused,
+    checksums on (its md5 is not the release's) or off (the reader admits only what the format
+    holds), and the file is never created; a truncated one is refused too. One line naming the
+    file, exit 2, before any rank starts, on 1 rank as on 2."""
+    marker = tmp_path / "pwned"
+    path = _cifar10_files(tmp_path / "data", crafted=_Exploit(str(marker))
+                          if damage == "crafted" else None, truncate=damage == "truncated")
+    out = cli(tmp_path / "run", "dataset=cifar10", f"dataset.root={tmp_path / 'data'}",
+              f"dataset.verify_checksums={checksums}", f"dist.nproc_per_node={ranks}",
+              "trainer.epochs=1", base=[*DENSE[:2], *QUIET])
+    assert out.returncode == 2, out.stderr
+    assert not marker.exists()
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and str(path) in lines[0], out.stderr
+    assert ("md5" if checksums == "true" else "not a CIFAR file") in lines[0]
+    assert not (tmp_path / "run" / "resolved.yaml").exists()
+
+
 @pytest.mark.slow
 def test_empty_wikitext_files_name_the_file_not_a_missing_key(tmp_path):
     root = tmp_path / "wikitext-2"

@@ -13,14 +13,15 @@ from .settings import (Cifar100Settings, CifarSettings, DataSettings, NpzSetting
 
 
 def _nothing(settings) -> None:
-    """Synthetic data is generated: no files to find; only npz files have one-off work."""
+    """Synthetic data is generated: no files to find, nothing to check or prepare."""
 
 
-# name -> (its options, check: fail fast on missing files, prepare: work worth doing once per
-# machine before the ranks start, e.g. decoding JPEGs into a cache, build)
+# name -> (its options, check: fail fast on missing files, prepare: work done once in the
+# launching process before the ranks start, e.g. reading and checking every file, decoding JPEGs
+# into a cache, build)
 _DATASETS = {
-    "cifar10": (CifarSettings, cifar.check, _nothing, cifar.build),
-    "cifar100": (Cifar100Settings, cifar.check, _nothing, cifar.build),
+    "cifar10": (CifarSettings, cifar.check, cifar.prepare, cifar.build),
+    "cifar100": (Cifar100Settings, cifar.check, cifar.prepare, cifar.build),
     "npz": (NpzSettings, npz.check, npz.prepare, npz.build),
     "synthetic_cifar10": (SyntheticImageSettings, _nothing, _nothing, synthetic.build_images),
     "synthetic_cifar100": (SyntheticImage100Settings, _nothing, _nothing, synthetic.build_images),
