@@ -160,6 +160,8 @@ def check_existing_run(run_dir: Path, resolved: dict, trainer: TrainerSettings) 
     state = read_checkpoint(ckpt) if ckpt.exists() else None  # CheckpointError in one line
     trained = _trained_config(run_dir, state)
     if trained is None:
+        if trainer.allow_config_change:
+            raise ConfigMismatch(_nothing_to_continue(run_dir, resolved))
         return {}
     delta = config_delta(trained, resolved)
     if delta and not trainer.allow_config_change:
@@ -177,6 +179,26 @@ def check_existing_run(run_dir: Path, resolved: dict, trainer: TrainerSettings) 
     if state is not None:
         repair_metrics(run_dir, state)
     return delta
+
+
+def _nothing_to_continue(run_dir: Path, resolved: dict) -> str:
+    """Why trainer.allow_config_change=true on a directory with no run is refused (issue 56: a
+    changed override renamed the directory, and a continuation silently became a new run),
+    naming the runs of the same preset and seed it may have meant."""
+    name, seed = (resolved.get("run") or {}).get("name"), resolved.get("seed")
+    text, marker = run_dir.as_posix(), f"/{name}/"
+    candidates = []
+    if name and marker in text:
+        root = Path(text[:text.rindex(marker) + len(marker)])
+        candidates = sorted(path.parent for path in root.glob(f"**/seed{seed}/resolved.yaml")
+                            if path.parent != run_dir)[:3]
+    # quoted for the shell and for Hydra's grammar (the name holds '=' and ',')
+    found = "".join(f" 'hydra.run.dir=\"{path}\"'" for path in candidates)
+    return (f"trainer.allow_config_change=true continues a run, but {run_dir} holds none: the "
+            f"directory is named after the overrides, so a changed value names a new one. To "
+            f"continue a run, name its directory: "
+            + (f"runs of {name} seed {seed}:{found}" if found else "hydra.run.dir=<it>")
+            + "; to start afresh, drop trainer.allow_config_change")
 
 
 def remove_interrupted_writes(run_dir: Path) -> None:

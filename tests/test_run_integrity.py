@@ -1100,3 +1100,97 @@ def test_a_run_continues_in_its_own_directory_after_the_continuation_flags_chang
     assert said == [f"run directory: {run_dir} (metrics.jsonl, summary.json, resolved.yaml)"] * 2
     assert read_summary(run_dir)["status"] == "completed"
     assert [m["epoch"] for m in read_metrics(run_dir)] == [0, 1]
+
+
+# ---- issue 56: an allowed change is applied where it says, or refused ---------------------------
+def _resumed_against_fresh(tmp_path, base: list[str], first: list[str], change: list[str],
+                           epochs: int) -> tuple[list[dict], list[dict]]:
+    """A 2-rank run stopped after epoch 0 and resumed with `change` (allowed), and a fresh run
+    of the changed config: their metrics, timing and the change record left out, and what
+    epoch 0's line says was decided at its end (the old config's decision, for epoch 1)."""
+    decided = ("next_levels", "critical_model", "critical_layers")
+
+    def lines(run_dir: Path) -> list[dict]:
+        return [{k: v for k, v in m.items() if k not in TIMING and k != "config_change"
+                 and not (m["epoch"] == 0 and k in decided)} for m in read_metrics(run_dir)]
+
+    two = [*base, "dist.nproc_per_node=2", f"trainer.epochs={epochs}"]
+    stopped = cli(tmp_path / "resumed", *first, "trainer.stop_after_epoch=0", base=two)
+    assert stopped.returncode == 0, stopped.stderr
+    resumed = cli(tmp_path / "resumed", *change, "trainer.allow_config_change=true", base=two)
+    assert resumed.returncode == 0, resumed.stderr
+    fresh = cli(tmp_path / "fresh", *change, base=two)
+    assert fresh.returncode == 0, fresh.stderr
+    return lines(tmp_path / "resumed"), lines(tmp_path / "fresh")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_an_allowed_eta_change_of_schedule_auto_decides_as_a_fresh_run_of_that_eta(tmp_path):
+    """Item 2: auto restored its own eta from the checkpoint, so a resume at eta 0.01 decided as
+    eta 0.5 while every record said 0.01. The first check (end of epoch 0) flags everything
+    whatever eta is; the end of epoch 1 decides with the new eta."""
+    auto = [*DENSE, "compressor=powersgd", "schedule=auto", "schedule.interval=1",
+            "optim.decay_at=[]"]
+    resumed, fresh = _resumed_against_fresh(tmp_path, auto, ["schedule.eta=0.5"],
+                                            ["schedule.eta=0.01"], epochs=3)
+    assert [{k for k in set(a) | set(b) if a.get(k) != b.get(k)}
+            for a, b in zip(resumed, fresh)] == [set()] * 3
+    unchanged = cli(tmp_path / "unchanged", "schedule.eta=0.5",
+                    base=[*auto, "dist.nproc_per_node=2", "trainer.epochs=3"])
+    assert unchanged.returncode == 0, unchanged.stderr
+    # the eta matters in this run: the test can tell the two apart
+    assert read_metrics(tmp_path / "unchanged")[2]["layer_levels"] != fresh[2]["layer_levels"]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("schedule", ["phase_rule", "batch_fixed_epoch"])
+def test_an_allowed_epochs_change_moves_an_epoch_planned_schedule_from_the_first_resumed_epoch(
+        tmp_path, schedule):
+    """Item 3: a boundary (or switch) at half the run is epoch 2 of 4 and epoch 1 of 2; after
+    4 -> 2 epochs the resumed epoch 1 ran the checkpoint's plan (phase 1 / B_low) where a fresh
+    2-epoch run is in phase 2 / at B_high."""
+    bases = {
+        "phase_rule": [*DENSE, "compressor=powersgd", "schedule=phase_rule",
+                       "schedule.boundaries=[0.5]", "schedule.splits=[]",
+                       "schedule.levels=[[2],[1]]"],
+        "batch_fixed_epoch": [*DENSE, "schedule=batch_accordion", "schedule.mode=fixed_epoch",
+                              "schedule.switch_epoch=0.5", "schedule.low=16",
+                              "schedule.high=32"],
+    }
+    resumed, fresh = _resumed_against_fresh(tmp_path, bases[schedule], ["trainer.epochs=4"],
+                                            ["trainer.epochs=2"], epochs=4)
+    assert len(resumed) == len(fresh) == 2
+    assert [{k for k in set(a) | set(b) if a.get(k) != b.get(k)}
+            for a, b in zip(resumed, fresh)] == [set(), set()]
+    field = "layer_levels" if schedule == "phase_rule" else "global_batch"
+    assert resumed[0][field] != resumed[1][field]  # epoch 1 is in the second phase
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_continuing_with_a_change_that_renames_the_directory_is_refused_saying_how(tmp_path):
+    """Item 4: without hydra.run.dir a changed override names a new directory, where
+    trainer.allow_config_change=true used to start a new run from epoch 0 and leave the old one
+    stopped. Refused in one line naming the run to continue; continuing it there works."""
+    def default_dir(*overrides: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "accordion_repro.train", *TINY,
+                               "dist.nproc_per_node=2", "trainer.epochs=2", *overrides,
+                               f"paths.runs_dir={tmp_path}"], cwd=REPO, capture_output=True,
+                              text=True, timeout=240)
+
+    first = default_dir("trainer.stop_after_epoch=0")
+    assert first.returncode == 0, first.stderr
+    [old] = [p.parent for p in tmp_path.rglob("summary.json")]
+    out = default_dir("optim.lr=0.5", "trainer.allow_config_change=true")
+    assert out.returncode == 2
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "hydra.run.dir=" in lines[0] and str(old) in lines[0], out.stderr
+    assert [p.parent for p in tmp_path.rglob("summary.json")] == [old]  # no new run
+    then = default_dir("optim.lr=0.5", "trainer.allow_config_change=true",
+                       f'hydra.run.dir="{old}"')  # as the message quotes it (its '=' and ',')
+    assert then.returncode == 0, then.stderr
+    metrics = read_metrics(old)
+    assert [m["epoch"] for m in metrics] == [0, 1]
+    assert metrics[1]["config_change"] == {"optim.lr": [0.1, 0.5]}

@@ -375,7 +375,9 @@ class AutoSchedule(_ShapedSchedule):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         kind = self.candidates.kind
-        self.eta = float(state["eta"])
+        # eta is state only where low_share derives it from the ratios; otherwise it is the
+        # setting, which an allowed change on resume may have moved (issue 56)
+        self.eta = float(state["eta"]) if self.settings.low_share is not None else self.settings.eta
         self.noise = float(state["noise"])
         self.history = [list(h) for h in state["history"]]
         self.predicted_step_s = state["predicted_step_s"]

@@ -466,14 +466,21 @@ class BatchAccordionSchedule(_DetectorDriven):
         per_layer = [True] * self.num_layers if self.granularity != "model" else None
         return (per_layer if self.needs_detector else None), self._starts_critical()
 
+    def replan(self, epoch: int) -> Plan:
+        """fixed_epoch's plan is a function of the epoch (its switch_epoch may be a fraction of
+        trainer.epochs): made afresh after an allowed change; the detector's stays."""
+        if self.settings.mode != "fixed_epoch":
+            return self.plan
+        self._model_critical = epoch < self.settings.switch_epoch
+        return self._set(self.rule.plan(self._model_critical))
+
     def on_epoch_end(self, epoch: int, critical: Sequence[bool] | None) -> Plan:
         if self.settings.mode == "fixed_epoch":
-            self._model_critical = epoch + 1 < self.settings.switch_epoch
-        else:
-            flags = _expect_flags(self, critical)
-            if self.granularity == "layer":
-                self._critical = flags
-            self._model_critical = batch_decision(flags, self.settings.decision)
+            return self.replan(epoch + 1)
+        flags = _expect_flags(self, critical)
+        if self.granularity == "layer":
+            self._critical = flags
+        self._model_critical = batch_decision(flags, self.settings.decision)
         return self._set(self.rule.plan(self._model_critical))
 
 

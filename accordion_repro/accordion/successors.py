@@ -247,7 +247,12 @@ class PhaseRuleSchedule(_ShapedSchedule):
         return Plan(levels=self.levels_at(0), global_batch=None)
 
     def on_epoch_end(self, epoch: int, critical: Sequence[bool] | None) -> Plan:
-        return self._set(Plan(levels=self.levels_at(epoch + 1), global_batch=None))
+        return self.replan(epoch + 1)
+
+    def replan(self, epoch: int) -> Plan:
+        """A function of the epoch: after an allowed change of trainer.epochs (fraction
+        boundaries move) or of the table, the plan is made afresh from the first resumed epoch."""
+        return self._set(Plan(levels=self.levels_at(epoch), global_batch=None))
 
 
 SUCCESSOR_SCHEDULES = (LGreCoSchedule, LGreCoAccordionSchedule, PhaseRuleSchedule)
