@@ -198,6 +198,32 @@ def _warn_if_bf16_is_emulated(t) -> None:
             capability=torch.backends.cpu.get_cpu_capability()), file=sys.stderr)
 
 
+def _check_feasible(sched_name, schedule, compressor: str, world: int, t, model_name: str,
+                    model_options, dataset) -> None:
+    """Refuse, before any rank starts, settings no plan can meet on this model's layers (a
+    budget below the cheapest plan, an L-GreCo alpha that may leave none): the schedule is built
+    on the layer shapes of the model made on the meta device (no memory, no compute) and asked
+    (Schedule.check_feasible). The LSTM's shapes wait for its vocabulary: not checked here."""
+    from accordion_repro.accordion import SCHEDULES, build_schedule
+    from accordion_repro.accordion.schedules import Schedule
+
+    cls = SCHEDULES[sched_name]
+    if cls.check_feasible is Schedule.check_feasible or model_name == "lstm":
+        return
+    import torch
+
+    from accordion_repro.models import build_model
+
+    with torch.device("meta"):
+        model = build_model(model_name, num_classes=getattr(dataset, "num_classes", 10),
+                            settings=model_options)
+    shapes = [(p.shape[0], p[0].numel()) for p in model.parameters()
+              if p.requires_grad and p.dim() >= 2]
+    build_schedule(sched_name, num_layers=len(shapes), compressor=compressor, default_level=None,
+                   base_global_batch=t.batch_size * world, world_size=world,
+                   total_epochs=t.epochs, layer_shapes=shapes, settings=schedule).check_feasible()
+
+
 def validate(cfg: DictConfig) -> RunSettings:
     """The run's RunSettings, every option read and checked once; ConfigError (or
     DatasetMissingError) for anything that would fail later."""
@@ -224,6 +250,9 @@ def validate(cfg: DictConfig) -> RunSettings:
     from accordion_repro.runlog import WandbSettings
 
     reject_unknown_keys(c)
+    # before the compressor's and the data's seeds, which conf ties to it: a bad value is named
+    # by the key the user typed
+    seed = Options("", c).integer("seed", minimum=0)
     t = TrainerSettings.from_config(c["trainer"], owner="trainer")
     optim = OptimSettings.from_config(c["optim"], owner=f"optimizer {c['optim'].get('name')!r}")
     # reads optim through OptimSettings, then checks optim.decay_at and official_decay_compare;
@@ -267,8 +296,9 @@ def validate(cfg: DictConfig) -> RunSettings:
                  f"= {base} (the batch the LR schedule is set for), got {getattr(schedule, b_low)}")
     dataset = dataset_settings(c["dataset"])
     check_dataset(dataset)
+    _check_feasible(sched_name, schedule, comp_name, world, t, model_name, model_options, dataset)
     return RunSettings(
-        seed=Options("", c).integer("seed", minimum=0), scale=c["scale"]["name"], trainer=t,
+        seed=seed, scale=c["scale"]["name"], trainer=t,
         optim=optim, dist=dist_settings, model_name=model_name, model=model_options,
         dataset=dataset, compressor_name=comp_name, compressor=compressor,
         schedule_name=sched_name, schedule=schedule, wandb=wandb, resolved=c)

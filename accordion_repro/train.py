@@ -194,7 +194,28 @@ def check_overrides_compose(argv: list[str]) -> None:
             missing = re.match(r"Could not override '([\w.]+)'", str(exc))
             if missing:
                 raise ConfigError(missing[1], _not_a_key(missing[1], overrides)) from None
+            unparsed = _unparsed_override(overrides)
+            if unparsed is not None:
+                key, value = unparsed
+                raise ConfigError(key, f"{value!r} does not parse as a value ("
+                                       f"{_one_line(str(exc))})") from None
             raise ConfigError("the command line", _one_line(str(exc))) from None
+
+
+def _unparsed_override(overrides: list[str]) -> tuple[str, str] | None:
+    """(key, value) of the first override Hydra's grammar cannot parse (an unclosed
+    `schedule.windows=[[0,1]`), so that the refusal names the key; None when each parses."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_overrides([override])
+        except HydraException:
+            key, _, value = override.partition("=")
+            return key.lstrip("+~"), value
+    return None
 
 
 def _not_a_key(key: str, overrides: list[str]) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -144,6 +145,15 @@ def test_wandb_offline_run_keeps_its_id_across_a_resume(tmp_path):
     ("logger.wandb.tags=oops", "logger.wandb.tags"),
     ("logger.wandb.project=''", "logger.wandb.project"),
     ("dist.launcher=mpi", "dist.launcher"),
+    # issue 56: named by the key typed, not compressor.seed (which conf ties to it)
+    ("seed=-1 compressor=powersgd", "seed"),
+    # issue 56: what no plan can do, refused before the run, naming the nearest feasible value
+    ("compressor=powersgd schedule=phase_rule schedule.boundaries=[5] schedule.splits=[] "
+     "schedule.levels=[[2],[1]] trainer.epochs=3", "schedule.boundaries[0]"),
+    ("compressor=powersgd schedule=auto schedule.budget=1e-9", "schedule.budget"),
+    ("compressor=powersgd schedule=auto schedule.step_time=1e-9 schedule.link_bps=1e8 "
+     "dist.nproc_per_node=2", "schedule.step_time"),
+    ("compressor=powersgd schedule=lgreco schedule.alpha=0.001", "schedule.alpha"),
 ])
 def test_bad_values_are_rejected_with_their_key(override, key):
     from accordion_repro.config import validate
@@ -225,7 +235,9 @@ def test_a_level_the_schedule_sets_is_refused_in_one_line_naming_why(tmp_path):
     # The README's `dataset.root` is cifar's and wikitext's: npz reads dataset.path.
     ("dataset.root=/elsewhere", "error: dataset.root: not a key of this configuration; dataset "
                                 "has: augment, cache_dir, mean, name, num_classes, path,"),
-], ids=["unknown-trainer-key", "unknown-model", "root-under-npz"])
+    # issue 56: an override Hydra cannot parse is named by its key
+    ("schedule.windows=[[0,1]", "error: schedule.windows: '[[0,1]' does not parse as a value"),
+], ids=["unknown-trainer-key", "unknown-model", "root-under-npz", "unparsed-value"])
 def test_hydras_own_refusals_are_one_line(tmp_path, override, said):
     """Issue 37 item 11: Hydra printed 7 and 17 lines where the suite promises one."""
     dataset = "dataset=npz" if override.startswith("dataset.") else "dataset=synthetic_cifar10"
@@ -333,3 +345,24 @@ def test_each_process_moves_only_its_own_hydra_files(tmp_path):
     keep_hydra_files(mine)
     assert (hydra_dir / "config.yaml").read_text() == "pending-1" and not mine.exists()
     assert (other / "config.yaml").read_text() == "pending-2"
+
+
+@pytest.mark.parametrize("override, nearest, key", [
+    ("schedule=phase_rule schedule.boundaries=[5] schedule.splits=[] schedule.levels=[[2],[1]] "
+     "trainer.epochs=3", "the latest feasible boundary is", "schedule.boundaries"),
+    ("schedule=auto schedule.budget=1e-9", "the smallest feasible budget is", "schedule.budget"),
+    ("schedule=lgreco schedule.alpha=0.001", "the nearest value sure to have a plan is",
+     "schedule.alpha"),
+], ids=["phase_after_the_run", "auto_budget", "lgreco_alpha"])
+def test_what_no_plan_can_do_is_refused_naming_the_nearest_feasible_value(override, nearest, key):
+    """Issue 56 item 7: these trained as if the phase did not exist, or fell back to the
+    cheapest or least-error plan without a word. The value the refusal names is accepted."""
+    from accordion_repro.config import validate
+
+    base = ["dataset=synthetic_cifar10", "compressor=powersgd", *override.split()]
+    with pytest.raises(ConfigError, match=re.escape(nearest)) as err:
+        validate(compose_cfg(base))
+    assert "\n" not in str(err.value)
+    value = re.search(re.escape(nearest) + r" ([\d.e+-]+)", str(err.value))[1]
+    fixed = f"{key}=[{value}]" if key == "schedule.boundaries" else f"{key}={value}"
+    validate(compose_cfg([*base, fixed]))

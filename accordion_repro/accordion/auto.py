@@ -46,6 +46,14 @@ from .schedules import Plan, ScheduleContext, ScheduleOptions, _detector, _level
 from .successors import _ShapedSchedule
 
 
+def _up(value: float) -> str:
+    """`value` rounded up to 3 significant digits, as a value the user can pass back."""
+    if value <= 0:
+        return "0"
+    scale = 10 ** (math.floor(math.log10(value)) - 2)
+    return f"{math.ceil(value / scale - 1e-9) * scale:.3g}"
+
+
 def cheapest_within(errors: Sequence[float], costs: Sequence[int], target: float) -> int:
     """The index of the cheapest candidate whose error is at most `target` (of equal costs,
     the smaller error); the least-error candidate when none reaches it."""
@@ -310,6 +318,29 @@ class AutoSchedule(_ShapedSchedule):
         return self.settings.compute_time + self.exchange.fixed_seconds() + sum(
             self.exchange.layer_seconds(c.floats(shape, level), c.op(shape, level))
             for shape, level in zip(self.layer_shapes, levels))
+
+    def check_feasible(self) -> None:
+        """A traffic or step-time budget below what every layer at its cheapest candidate needs
+        has no plan; the least-error fallback would then spend more than asked, silently."""
+        s = self.settings
+        dense = sum(n * m for n, m in self.layer_shapes)
+        cheapest = sum(min(costs) for costs in self.costs)
+        if s.budget is not None and cheapest > s.budget * dense:
+            raise ConfigError("schedule.budget", f"{s.budget:g} of the dense floats per step "
+                              f"({s.budget * dense:,.0f} floats) is below the cheapest plan "
+                              f"({cheapest:,} floats, every layer at its cheapest candidate): "
+                              f"the smallest feasible budget is {_up(cheapest / dense)}")
+        if s.step_time is not None:
+            c = self.candidates
+            fastest = self.exchange.fixed_seconds() + sum(
+                min(self.exchange.layer_seconds(c.floats(shape, level), c.op(shape, level))
+                    for level in self.ranks) for shape in self.layer_shapes)
+            if s.compute_time + fastest > s.step_time:
+                raise ConfigError("schedule.step_time",
+                                  f"{s.step_time:g} s is below the fastest plan's step on this "
+                                  f"link ({s.compute_time:g} s of compute + {fastest:.3g} s of "
+                                  f"exchange): the smallest feasible step time is "
+                                  f"{_up(s.compute_time + fastest)} s")
 
     def _high_picks(self, errors: Sequence[Sequence[float]]) -> list[int]:
         """Each layer's `high` candidate: within the traffic or the step-time budget at least

@@ -276,6 +276,11 @@ class Schedule:
     def on_epoch_end(self, epoch: int, critical: Sequence[bool] | None) -> Plan:
         raise NotImplementedError
 
+    def check_feasible(self) -> None:
+        """ConfigError naming the option, and the nearest value that works, when the settings
+        ask for what no plan can give on these layers (config.validate calls it with the
+        model's layer shapes, before any rank starts); most schedules can always plan."""
+
     def replan(self, epoch: int) -> Plan:
         """The plan for `epoch` under this schedule's settings, after a restore from a run
         whose settings differed (trainer.allow_config_change): a plan that is a function of

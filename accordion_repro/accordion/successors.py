@@ -50,9 +50,16 @@ def _boundaries(o: ScheduleOptions, option: str) -> list[int]:
     values, key = o.get(option), o.key(option)
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         raise ConfigError(key, f"must be a list of epochs or fractions, got {values!r}")
-    epochs = [as_epoch(v, f"{key}[{i}]", o.context.total_epochs) for i, v in enumerate(values)]
+    total = o.context.total_epochs
+    epochs = [as_epoch(v, f"{key}[{i}]", total) for i, v in enumerate(values)]
     if epochs != sorted(epochs):
         raise ConfigError(key, f"must be ascending, got {epochs}")
+    for i, epoch in enumerate(epochs):
+        if total is not None and epoch >= total:
+            raise ConfigError(f"{key}[{i}]", f"{values[i]!r} starts a phase at epoch {epoch}, "
+                              f"after the last epoch of the {total}-epoch run ({total - 1}), so "
+                              f"that phase would never run; the latest feasible boundary is "
+                              f"{total - 1}")
     return epochs
 
 
@@ -91,6 +98,13 @@ class LGreCoSettings(Settings):
     bins: int = option(
         Options.integer, default=10_000,
         help="steps of the dynamic programme's error grid (the released DPBUCKETS)")
+    # alpha < 1 may leave no plan within the budget (only the reference plan is sure to fit):
+    # refuse it before the run, or let the released code's fallback act (every layer at its
+    # least-error rank)
+    no_plan: str = option(
+        Options.choice, ("refuse", "least_error"), default="refuse", added="least_error",
+        help="what alpha < 1 may lead to, where no plan fits: refuse it before the run, or "
+             "fall back to each layer's least-error rank")
 
     @property
     def ranks(self) -> list[int]:
@@ -173,6 +187,15 @@ class LGreCoSchedule(_ShapedSchedule):
         detector = (_detector(self) if isinstance(self.settings, DetectorSettings)
                     else CriticalRegimeDetector(self.num_layers))  # its epoch sums only
         return ErrorProbe(detector, self.layer_shapes, self.ranks)
+
+    def check_feasible(self) -> None:
+        s = self.settings
+        if s.alpha < 1.0 and s.no_plan == "refuse":
+            raise ConfigError("schedule.alpha", f"{s.alpha:g} is below 1: only the reference "
+                              f"plan is sure to fit within alpha x its error, so an epoch may "
+                              f"have no plan and fall back to every layer's least-error rank; "
+                              f"the nearest value sure to have a plan is 1 (or set "
+                              f"schedule.no_plan=least_error to accept the fallback)")
 
     def initial_plan(self) -> Plan:
         return Plan(levels=[self.settings.r0] * self.num_layers, global_batch=None)
