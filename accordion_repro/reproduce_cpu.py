@@ -493,10 +493,24 @@ def queue_holder(runs: Path) -> int | None:
 
 
 def commit_run(runs: Path, out: Path, message: str) -> None:
-    """Commit one finished run directory and the study's timings, nothing else: `git commit
-    --only` leaves whatever else is staged alone. A busy index (another git command at the same
-    moment) is retried; a commit that still fails is reported, and the queue goes on."""
-    paths = [str(p.relative_to(REPO)) for p in (out, runs / "timings.csv", runs / "fig2")
+    """Commit one finished run directory, the study's timings and plans, and the tables and
+    figures rebuilt with it (`make figures`: the committed tables always hold every committed
+    run), nothing else: `git commit --only` leaves whatever else is staged alone. A busy index
+    (another git command at the same moment) is retried; a commit that still fails is
+    reported, and the queue goes on."""
+    import warnings
+
+    from accordion_repro.analysis import build_all
+
+    results = REPO / "results"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # missing cells and unfinished runs are expected
+        try:
+            build_all(results / "runs", results, net="10gbit")
+        except Exception as exc:  # the run is committed all the same; the tables say why not
+            print(f"warning: make figures failed ({type(exc).__name__}: {exc})", file=sys.stderr)
+    paths = [str(p.relative_to(REPO)) for p in (out, runs / "timings.csv", runs / "fig2",
+                                                 results / "tables", results / "figures")
              if p.exists()]
     for attempt in range(10):
         added = subprocess.run(["git", "add", "--", *paths], cwd=REPO, capture_output=True,

@@ -296,3 +296,32 @@ def test_study_status_lists_done_running_and_queued_runs_with_an_eta(tmp_path, c
     # table1/*: rank 2, rank 1 and Accordion for 3 seeds; 7 queued and 2/3 of the stopped one
     # at the only median there is (25 min): 191.7 min, 3.2 h
     assert out[-1].startswith("1 done, 0 running, 1 stopped, 7 queued; about 3.2 h of runs left")
+
+
+def test_commit_run_commits_the_run_its_plans_and_rebuilt_tables_and_nothing_else_staged(
+        tmp_path, monkeypatch):
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(tmp_path), *args], check=True,
+                              capture_output=True, text=True).stdout
+
+    git("init", "-q")
+    git("config", "user.email", "t@example.com")
+    git("config", "user.name", "t")
+    (tmp_path / "unrelated.py").write_text("x = 1\n")
+    git("add", "unrelated.py")  # staged by someone else: not the runner's to commit
+    runs = tmp_path / "results" / "runs" / "cpu_fp32"
+    out = script.run_dir(runs, script.FIG2_REFERENCE, 42)
+    out.mkdir(parents=True)
+    (out / "metrics.jsonl").write_text("{}\n")
+    (runs / "timings.csv").write_text("preset,seed,wall_s\n")
+    monkeypatch.setattr(script, "REPO", tmp_path)
+    script.commit_run(runs, out, "cpu_fp32: one run")
+    committed = git("show", "--name-only", "--format=%s", "HEAD").split()
+    assert committed[:2] == ["cpu_fp32:", "one"]
+    assert f"results/runs/cpu_fp32/{script.FIG2_REFERENCE}/seed42/metrics.jsonl" in committed
+    assert "results/runs/cpu_fp32/timings.csv" in committed
+    assert "results/tables/table1.md" in committed  # rebuilt (here: every cell to run)
+    assert "unrelated.py" not in committed and git("diff", "--cached", "--name-only") == \
+        "unrelated.py\n"
