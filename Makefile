@@ -113,7 +113,7 @@ study: $(STAMP) ## The fp32 central-claim study's queue (scale=cpu_fp32), resuma
 	$(PYTHON) scripts/reproduce_cpu.py --study cpu_fp32 $(STUDY_ARGS)
 
 study-status: $(STAMP) ## Where the fp32 study's queue stands: done / running / queued, wall times, ETA
-	$(PYTHON) scripts/reproduce_cpu.py --study cpu_fp32 --status
+	$(PYTHON) -m accordion_repro.study_status --study cpu_fp32
 
 # The pilots that sized scale=cpu_fp32 (one real epoch of each arm under the AVX2 cap).
 bench-study-pilot: $(STAMP) ## The fp32 study's scale pilots -> results/bench/study_pilots.csv

@@ -26,7 +26,7 @@ from accordion_repro.comm.config import check_level, level_kind, level_option
 from accordion_repro.env import env_rank
 from accordion_repro.errors import ConfigError, ConfigWarning
 from accordion_repro.options import Options, defaults_of
-from accordion_repro.settings import RunSettings
+from accordion_repro.run_settings import RunSettings
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 

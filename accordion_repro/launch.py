@@ -55,7 +55,8 @@ from accordion_repro.errors import TrainingDiverged
 from accordion_repro.forkserver_guard import FORKSERVER_DIR, FORKSERVER_OF, PARENT_DIED
 from accordion_repro.rundir import record_job_processes
 from accordion_repro.runlog import report_status, stop_signal_of
-from accordion_repro.settings import RunSettings, require_settings
+from accordion_repro.options import require_settings
+from accordion_repro.run_settings import RunSettings
 from accordion_repro.utils import adopt_environment, die_with_parent, pid_alive
 
 

@@ -166,3 +166,12 @@ def as_epoch(value, key: str, total_epochs: int | None) -> int:
         return int(float(value) * total_epochs + 0.5)
     raise ConfigError(key, f"must be an epoch (integer >= 0) or a fraction in [0, 1] of the "
                            f"total epochs, got {value!r}")
+
+
+def require_settings(value, cls: type, who: str, how: str):
+    """`value` when it is a `cls`; else TypeError naming `who` and how to build one, so that a
+    component handed a raw config node fails at once rather than reading it a second way."""
+    if isinstance(value, cls):
+        return value
+    what = "a config dict" if isinstance(value, Mapping) else type(value).__name__
+    raise TypeError(f"{who} takes {cls.__name__} ({how}), not {what}")

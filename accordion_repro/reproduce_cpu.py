@@ -20,7 +20,8 @@ Two studies (`--study`):
   earliest, latest and random control arms, Accordion 2<->1, Accordion without the LR-decay
   rule, the LR-decay rule alone, each for seeds 42-44; then seeds 45 and 46 of every headline
   contrast whose 95 % interval still spans zero; then Table 3's Top-K cells and the successors.
-  `make study-status` prints done / running / queued with wall times and an ETA.
+  `make study-status` (accordion_repro/study_status.py) prints done / running / queued with
+  wall times and an ETA.
 
 Each run is the ordinary CLI command (printed before it starts), so any row can be rerun by
 hand; a study with an instruction-set cap prints it as the command's environment. Finished runs are skipped, an interrupted one resumes from its checkpoint, and
@@ -370,8 +371,6 @@ def main() -> int:
     parser.add_argument("--only", nargs="+", default=["*"], metavar="PATTERN",
                         help="fnmatch patterns on the preset name; several run in the order given")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
-    parser.add_argument("--status", action="store_true",
-                        help="print done / running / queued with wall times and an ETA, run nothing")
     parser.add_argument("--commit", action="store_true",
                         help="git-commit each finished run directory (no checkpoints) as it lands")
     parser.add_argument("extra", nargs="*", help="further overrides for every run")
@@ -379,10 +378,6 @@ def main() -> int:
     study = STUDIES[args.study]
     seeds = args.seeds or (FP32_SEEDS if args.study == "cpu_fp32" else [42, 43])
     runs = args.runs or REPO / "results" / "runs" / study["runs"]
-    if args.status:
-        from accordion_repro.study_status import print_status
-
-        return print_status(args.study, seeds, runs, args.only)
     if not args.dry_run and not (args.data / study["data_check"]).exists():
         print(f"error: the real data is not at {args.data / study['data_check']} (docs/data.md "
               f"says where it comes from and how to build it); pass --data", file=sys.stderr)

@@ -1,49 +1,18 @@
-"""RunSettings: a run's whole configuration, read and checked once, as typed frozen objects.
+"""The catalog of every option of a run: which settings class each config node reads, the keys
+they make, and docs/options.md made from their help.
 
-config.validate builds it before any rank starts; the launcher hands it to the ranks (it
-pickles: mp.spawn and Hydra's submitit launcher copy it) and the trainer hands each component
-its own part, so no option is read from the config dict a second time. The resolved dict
-travels along only as the run's record (resolved.yaml, the checkpoint's copy, wandb's config).
+On the top floor of the package (tests/test_layers.py): it imports every part, and nothing below
+imports it. RunSettings, which the parts hand each other, lives in run_settings.py, and
+require_settings in options.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 
-from accordion_repro.options import NOT_ADDED, Settings
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    seed: int
-    scale: str  # scale.name: recorded in summary.json; its values already fed the other keys
-    trainer: Settings  # engine.settings.TrainerSettings
-    optim: Settings  # engine.settings.OptimSettings
-    dist: Settings  # engine.settings.DistSettings
-    model_name: str
-    model: Settings  # models/settings.py, by model_name
-    dataset: Settings  # data/settings.py (it holds its name)
-    compressor_name: str
-    compressor: Settings  # comm/config.py, by compressor_name
-    schedule_name: str
-    schedule: Settings  # the schedule's Settings (accordion/), levels and epochs resolved
-    wandb: Settings  # runlog.WandbSettings
-    # the run's record, written as it is; never read for a value (the fields above are)
-    resolved: dict = field(default_factory=dict, compare=False, repr=False)
-    # keys a resume changed (rundir.check_existing_run), recorded in every later epoch
-    config_change: dict = field(default_factory=dict, compare=False)
-
-
-def require_settings(value, cls: type, who: str, how: str):
-    """`value` when it is a `cls`; else TypeError naming `who` and how to build one, so that a
-    component handed a raw config node fails at once rather than reading it a second way."""
-    if isinstance(value, cls):
-        return value
-    what = "a config dict" if isinstance(value, Mapping) else type(value).__name__
-    raise TypeError(f"{who} takes {cls.__name__} ({how}), not {what}")
+from accordion_repro.options import NOT_ADDED
 
 
 def settings_classes() -> Iterator[tuple[str, str | None, type]]:

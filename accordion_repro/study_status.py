@@ -1,5 +1,7 @@
 """`make study-status`: where a study's queue stands, without touching it.
 
+    python -m accordion_repro.study_status [--study cpu_fp32] [--seeds ...] [--runs DIR]
+
 Every run of the queue in order, done (with its wall time), running (epochs so far), stopped
 part-way (it resumes from its checkpoint) or queued, and an ETA: each run still to come is
 expected to take the median wall time of the finished runs of its preset, else of the study.
@@ -83,3 +85,23 @@ def print_status(study: str, seeds: list[int], runs: Path, patterns: list[str]) 
     else:
         print(f"{summary}; nothing left")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--study", choices=sorted(queue.STUDIES), default="cpu_fp32")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None,
+                        help="default: the study's own (as reproduce_cpu.py takes them)")
+    parser.add_argument("--runs", type=Path, default=None,
+                        help="the runs folder (default results/runs/<study>)")
+    parser.add_argument("--only", nargs="+", default=["*"], metavar="PATTERN")
+    args = parser.parse_args(argv)
+    seeds = args.seeds or (queue.FP32_SEEDS if args.study == "cpu_fp32" else [42, 43])
+    runs = args.runs or queue.REPO / "results" / "runs" / queue.STUDIES[args.study]["runs"]
+    return print_status(args.study, seeds, runs, args.only)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,7 +1,7 @@
 """Time one training step (forward, backward, SGD step) of every model on this machine's CPU.
 
 One rank, no communication, batch 32 by default: the compute part of a step, which the
-network cost model (accordion_repro.analysis.costmodel) adds communication to. Medians over
+network cost model (accordion_repro.costmodel) adds communication to. Medians over
 repeats after warm-up; writes results/bench/models.csv.
 
     python scripts/bench_models.py [--batch 32] [--repeats 5] [--threads N]

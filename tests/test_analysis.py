@@ -21,7 +21,7 @@ import yaml
 from accordion_repro.analysis.build import MissingFigureWarning, build_all
 from accordion_repro.analysis.collect import SkippedRunWarning, collect_runs
 from accordion_repro.analysis.consistency import MixedCellError
-from accordion_repro.analysis.costmodel import collective_op, predict_epoch_time
+from accordion_repro.costmodel import collective_op, predict_epoch_time
 from accordion_repro.analysis.layout import FIGURES, TABLES, TWINS, all_presets, run_command
 from accordion_repro.analysis.reference import official_final, official_results
 
@@ -461,7 +461,8 @@ def test_figure2_paired_table_states_each_seeds_finals_and_the_same_seed_differe
     assert "| Accordion" not in text and "Rank 2 − " not in text  # no runs, no row
     rows = list(csv.DictReader(io.StringIO(csv_path.read_text())))
     assert [(r["kind"], r["seed"], round(float(r["value"]), 2)) for r in rows
-            if r["name"].startswith("Rank 1 only outside critical regimes −")] == [
+            if r["name"] == "Rank 1 only outside critical regimes − Rank 1 only inside critical "
+            "regimes"] == [
         ("difference", "42", 0.8), ("difference", "43", 0.7), ("mean", "", 0.75),
         ("std", "", 0.07), ("ci95_low", "", 0.11), ("ci95_high", "", 1.39),
         ("p_paired_t", "", 0.04), ("positive", "", 2), ("n", "", 2), ("p_holm", "", 0.04)]

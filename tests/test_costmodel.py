@@ -2,7 +2,7 @@
 
 import pytest
 
-from accordion_repro.analysis.costmodel import (ALLGATHER, ALLREDUCE, NETWORKS, Network,
+from accordion_repro.costmodel import (ALLGATHER, ALLREDUCE, NETWORKS, Network,
                                                 allgather_time, allreduce_time, collective_op,
                                                 predict_epoch_time)
 from accordion_repro.errors import ConfigError
@@ -73,7 +73,7 @@ def test_bad_inputs_name_the_problem():
 def test_a_step_exchange_adds_up_to_the_whole_steps_time():
     """StepExchange splits step_comm_time into a fixed latency and per-layer bandwidth times
     (schedule=auto prices each layer's candidates with it): the parts add up to the whole."""
-    from accordion_repro.analysis.costmodel import StepExchange, step_comm_time
+    from accordion_repro.costmodel import StepExchange, step_comm_time
 
     link = Network(bandwidth_bps=1e9, latency_s=2e-4)
     exchange = StepExchange(link, workers=4, collectives=2, allgathers=1)

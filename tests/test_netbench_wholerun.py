@@ -9,7 +9,7 @@ import json
 import pytest
 import yaml
 
-from accordion_repro.analysis.costmodel import Network, allgather_time, allreduce_time, step_comm_time
+from accordion_repro.costmodel import Network, allgather_time, allreduce_time, step_comm_time
 from accordion_repro.errors import ConfigError
 from benchmarks.netbench.netns import LinkSpec, NamespacePair, missing_requirement
 from benchmarks.netbench.study import read_run, study_families

@@ -86,7 +86,7 @@ def test_auto_accordion_chooses_topk_fractions_and_resumes_exactly(one_rank_grou
 def test_successor_objects_name_their_own_arguments(one_rank_group):
     from accordion_repro.ddp import LGreCo, PhaseRule
 
-    with pytest.raises(TypeError, match="it takes r0, gamma, beta, alpha, bins, async_op"):
+    with pytest.raises(TypeError, match="it takes r0, gamma, beta, alpha, bins, no_plan, async_op"):
         LGreCo(DistributedDataParallel(SmallNet()), r0=2, eta=0.3)
     with pytest.raises(TypeError, match="takes no rank=: the schedule set"):
         LGreCo(DistributedDataParallel(SmallNet()), r0=2, rank=3)

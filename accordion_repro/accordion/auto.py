@@ -13,7 +13,7 @@ both come from what rank 0 already measures:
   e <= `error_high` (looser, so never more than `low`). Either may be pinned to a level.
 - *Or `high` from a budget.* With `budget` (a share of the dense gradient's floats per step),
   or `step_time` on a link (`link_bps`, `latency_s`, `compute_time`: the step priced by
-  analysis/costmodel.py's alpha-beta model, StepExchange), the high plan is the one of least
+  accordion_repro/costmodel.py's alpha-beta model, StepExchange), the high plan is the one of least
   summed error within it, by L-GreCo's knapsack (lgreco.least_total_within) on a grid of
   budget / bins, then filled exactly (fill_up): no layer could step up within the budget.
 - *eta from a traffic share.* With `low_share` = f, eta becomes the (1 - f) quantile of this
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..analysis.costmodel import Network
+from ..costmodel import Network
 from ..errors import ConfigError
 from ..options import Options, is_int, option
 from .candidates import candidates_for, step_exchange
@@ -69,14 +69,21 @@ def least_error_within(errors: Sequence[Sequence[float]], costs: Sequence[Sequen
     knapsack (lgreco.least_total_within) with the roles of error and size swapped. Costs are
     rounded *up* to multiples of budget / bins, so a plan found never exceeds the budget; what
     the grid leaves unspent is then filled (fill_up), so no layer could step up within it.
-    When nothing fits, the cheapest candidates."""
+    When the grid fits nothing, the cheapest candidates, filled up the same way if they fit the
+    budget themselves (a coarse grid rounds every cost up, and can leave a feasible budget
+    without a plan); when even they do not, the cheapest candidates (config.validate refuses
+    such a budget before the run)."""
     cheapest = [min(range(len(c)), key=c.__getitem__) for c in costs]
     if not budget > 0:
         return cheapest
     step = budget / bins
     units = [[math.ceil(cost / step - 1e-9) for cost in layer] for layer in costs]
     chosen = least_total_within(units, errors, bins)
-    return cheapest if chosen is None else fill_up(chosen, errors, costs, budget)
+    if chosen is None:
+        if sum(c[i] for c, i in zip(costs, cheapest)) > budget:
+            return cheapest
+        chosen = cheapest
+    return fill_up(chosen, errors, costs, budget)
 
 
 def fill_up(chosen: Sequence[int], errors: Sequence[Sequence[float]],
@@ -313,7 +320,7 @@ class AutoSchedule(_ShapedSchedule):
 
     def step_seconds(self, levels: Sequence) -> float:
         """The cost model's step time at these levels: compute_time, the collectives' latency
-        and each layer's bandwidth time (analysis/costmodel.py StepExchange)."""
+        and each layer's bandwidth time (accordion_repro/costmodel.py StepExchange)."""
         c = self.candidates
         return self.settings.compute_time + self.exchange.fixed_seconds() + sum(
             self.exchange.layer_seconds(c.floats(shape, level), c.op(shape, level))

@@ -11,7 +11,7 @@ how it travels, and the relative error it leaves on a layer's gradient (issue 42
 
 A family prices a level in the reducers' own floats (comm/base.py floats_per_step), so the
 traffic budget and the logged floats_sent agree, and names the collective it travels by, so
-the step-time budget can price it on a link (analysis/costmodel.py StepExchange).
+the step-time budget can price it on a link (accordion_repro/costmodel.py StepExchange).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..analysis.costmodel import ALLGATHER, ALLREDUCE, StepExchange
+from ..costmodel import ALLGATHER, ALLREDUCE, StepExchange
 from ..comm.config import kept_entries, topk_sends_dense
 from .lgreco import layer_cost, rank_errors
 

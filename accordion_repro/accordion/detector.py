@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ..options import Options, Settings, option
-from ..settings import require_settings
+from ..options import require_settings
 
 STATISTICS = ("mean", "sum")
 GRANULARITIES = ("layer", "model", "layer+model")

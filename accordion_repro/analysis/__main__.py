@@ -6,7 +6,7 @@ import argparse
 import sys
 import warnings
 
-from accordion_repro.analysis.costmodel import NETWORKS
+from accordion_repro.costmodel import NETWORKS
 from accordion_repro.errors import ConfigError
 
 

@@ -10,7 +10,7 @@ import pandas as pd
 from accordion_repro.analysis.collect import RUN_DIR, SkippedRunWarning, collect_runs
 from accordion_repro.analysis.comparison import comparison_runs, write_comparison_table
 from accordion_repro.analysis.consistency import check_one_configuration, configuration_check
-from accordion_repro.analysis.costmodel import check_workers, resolve_network
+from accordion_repro.costmodel import check_workers, resolve_network
 from accordion_repro.analysis.layout import COMPARISONS, FIGURES, TABLES, TWINS, run_command
 from accordion_repro.analysis.paired import write_paired_table, write_table_paired
 from accordion_repro.analysis.summarize import summarize_runs

@@ -10,7 +10,7 @@ import pandas as pd
 
 from accordion_repro.analysis.collect import (PAPER_MODEL_SIZES, RUN_DIR, first_value, model_variant,
                                               numerics, numerics_keys)
-from accordion_repro.analysis.costmodel import collective_op, predict_epoch_time, resolve_network
+from accordion_repro.costmodel import collective_op, predict_epoch_time, resolve_network
 
 RUN_COLUMNS = ("run.name", "run.table", "run.figure", "run.method", "run.label", "seed",
                "scale.name", "model.name", "dataset.name", "compressor.name", "schedule.name",

@@ -18,7 +18,7 @@ import pandas as pd
 
 from accordion_repro.utils import atomic_write_text
 from accordion_repro.analysis.collect import model_variants, numerics_of
-from accordion_repro.analysis.costmodel import resolve_network
+from accordion_repro.costmodel import resolve_network
 from accordion_repro.analysis.labels import run_batch_label
 from accordion_repro.analysis.layout import (DATASET_TITLES, METRIC_TITLES, Cell, Section,
                                              TableSpec, run_command)

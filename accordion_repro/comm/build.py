@@ -10,7 +10,7 @@ import torch
 from .acp import ACPPowerSGDReducer
 from .base import DenseReducer, Reducer
 from ..options import Settings
-from ..settings import require_settings
+from ..options import require_settings
 from .config import name_of, validate_compressor
 from .powersgd import PowerSGDReducer
 from .topk import TopKReducer

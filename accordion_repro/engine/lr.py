@@ -28,7 +28,7 @@ from typing import Sequence
 
 from accordion_repro.engine.settings import OptimSettings
 from accordion_repro.errors import ConfigError, ConfigWarning
-from accordion_repro.settings import require_settings
+from accordion_repro.options import require_settings
 
 
 def _decay_schedule(decay_at: Sequence[float | int], total_epochs: int) -> list[tuple[int, int]]:

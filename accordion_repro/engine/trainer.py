@@ -41,7 +41,8 @@ from accordion_repro.engine.tasks import build_task
 from accordion_repro.env import local_cuda_device
 from accordion_repro.errors import ConfigWarning, TrainingDiverged
 from accordion_repro.runlog import NullRunLogger, RunLogger
-from accordion_repro.settings import RunSettings, require_settings
+from accordion_repro.options import require_settings
+from accordion_repro.run_settings import RunSettings
 from accordion_repro.models import build_model, count_parameters
 
 

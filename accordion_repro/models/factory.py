@@ -14,7 +14,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..options import Options, Settings
-from ..settings import require_settings
+from ..options import require_settings
 from .cifar.densenet import DenseNet
 from .cifar.googlenet import GoogLeNet
 from .cifar.resnet import ResNet18

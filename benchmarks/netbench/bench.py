@@ -20,7 +20,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from accordion_repro.analysis.costmodel import Network, step_comm_time
+from accordion_repro.costmodel import Network, step_comm_time
 from benchmarks.netbench.allreduce_probe import AllreduceMeasurement, measure_shaped_allreduce
 from benchmarks.netbench.netns import LinkSpec, NamespacePair, ShapingReport
 from benchmarks.netbench.ranks import python_argv, run_two_ranks

@@ -14,7 +14,7 @@ import csv
 from pathlib import Path
 from typing import Sequence
 
-from accordion_repro.analysis.costmodel import step_comm_time
+from accordion_repro.costmodel import step_comm_time
 from accordion_repro.utils import atomic_write_text
 from benchmarks.netbench.bench import WORKERS, LinkCalibration
 from benchmarks.netbench.report import csv_text

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-from accordion_repro.analysis.costmodel import Network
+from accordion_repro.costmodel import Network
 from benchmarks.netbench.bench import predicted_step
 from benchmarks.netbench.driver import BenchmarkResult, step_why
 from benchmarks.netbench.study import STATIC_LOW, Family, signature
@@ -95,7 +95,7 @@ def markdown(result: BenchmarkResult) -> str:
               "The static run's preset and scale on synthetic images, rank 0: median over 3 "
               "short epochs (after a warm-up epoch) of the mean step. 'model': the same step on the unshaped pair, less the unshaped "
               "link's share, plus this link's all-reduce and all-gather time for the step's "
-              "collectives (analysis/costmodel.py step_comm_time). 'study B/step': what the "
+              "collectives (accordion_repro/costmodel.py step_comm_time). 'study B/step': what the "
               "study's run logged per step; it must equal the benchmark's.", "",
               "| Link | Config | level | step ms | compute ms | comm ms | B/step | study B/step "
               "| model ms | model error |",
