@@ -5,6 +5,8 @@ the same check must reject."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -145,3 +147,60 @@ def test_acp_level_change_restarts_the_layer_with_a_p_turn():
     reducer.set_levels([1])
     assert reducer.turn == [acp.P_TURN] and reducer.floats_per_step([1]) == 10 * 1
     assert reducer.memory[0] is not None  # the error memory is kept across the change
+
+
+# ---- below full rank the error memory is the local factor's residual (issue 59) -------------------
+RECT_LOW = [(10, 40), (16, 3, 3, 3)]
+
+
+def _local_memory_worker(rank, averaged_memory):
+    """One P turn then one Q turn at rank 2 (below both layers' full rank). Returns, per step,
+    each layer's memory after the step, the M it was made from, the local residual
+    M - P_local Q^T recomputed here from the kept factor, and the averaged output P Q^T."""
+    reducer = ACPPowerSGDReducer(local_grads(rank, shapes=RECT_LOW), rank=2, error_feedback=True,
+                                 seed=7)
+    if averaged_memory:  # the defect: memory from the all-reduced factor (M - avg P Q^T)
+        original = reducer._compressed_steps
+
+        def averaged(items, stats, carried=()):
+            matrices = {layer: reducer._memory(layer).clone() + g.view(reducer.matrix_shapes[layer])
+                        for layer, g in items}
+            yield from original(items, stats, carried)
+            for layer, g in items:
+                reducer.memory[layer].copy_(matrices[layer] - g.view(reducer.matrix_shapes[layer]))
+        reducer._compressed_steps = averaged
+    steps = []
+    for step in range(2):
+        grads = local_grads(rank, seed=10 + step, shapes=RECT_LOW)
+        before = [reducer._memory(layer).clone() for layer in range(2)]
+        kept = [None if k is None else k.clone() for k in reducer.kept]
+        turns = list(reducer.turn)
+        local = []
+        for layer in range(2):
+            m = before[layer] + grads[layer].view(reducer.matrix_shapes[layer])
+            factor = kept[layer] if kept[layer] is not None else reducer._fresh_q(layer, 2)
+            if kept[layer] is None:
+                reducer.draws[layer] -= 1  # the reducer draws this same Q itself
+            q, _ = torch.linalg.qr(factor.t(), mode="reduced")  # the kept factor, orthonormal
+            if turns[layer] == acp.P_TURN:
+                local.append(m - (m @ q) @ q.t())  # M - P Q^T with P = M Q
+            else:
+                local.append(m - q @ (q.t() @ m))  # M - P Q^T with Q = M^T P
+        reducer.reduce(grads)
+        steps.append({"memory": [reducer.memory[layer].clone() for layer in range(2)],
+                      "local": local, "output": [g.clone() for g in grads]})
+    return steps
+
+
+@pytest.mark.parametrize("averaged_memory", [False, True], ids=["released", "averaged_factor"])
+def test_below_full_rank_the_memory_is_the_local_factors_residual(tmp_path, averaged_memory):
+    """At rank 2 on a 10x40 and a 16x27 layer, on 2 ranks with different gradients: after a P
+    turn and a Q turn each rank's memory is its own M - P_local Q^T, as the released code
+    computes it, not M - (average P) Q^T (indistinguishable at full rank, where both are 0).
+    The averaged-factor variant must fail the same check."""
+    results = run_workers(functools.partial(_local_memory_worker,
+                                            averaged_memory=averaged_memory), tmp_path)
+    agree = all(torch.allclose(got, want, atol=1e-5)
+                for steps in results for step in steps
+                for got, want in zip(step["memory"], step["local"]))
+    assert agree != averaged_memory
