@@ -48,6 +48,8 @@ from pathlib import Path
 
 import yaml
 
+from accordion_repro.run_layout import CHECKPOINTS, METRICS, SUMMARY, TIMINGS, study_run_dir
+
 REPO = Path(__file__).resolve().parents[1]
 STOPPED = 128 + signal.SIGTERM  # the runner's exit status when told to stop (as the trainer's)
 
@@ -190,7 +192,7 @@ PLANNED = ("cpu_long", "cpu_fp32")  # the studies whose Figure 2 (b) arms follow
 
 
 def run_dir(runs: Path, preset: str, seed: int) -> Path:
-    return runs / preset / f"seed{seed}"
+    return study_run_dir(runs, preset, seed)
 
 
 def scale_file(study: str) -> dict:
@@ -303,7 +305,7 @@ METHOD_PRESETS = {"high_outside": "fig2/resnet18_high_outside",
 
 
 def final_metric(path: Path) -> float:
-    return json.loads((path / "metrics.jsonl").read_text().splitlines()[-1])["test_acc"]
+    return json.loads((path / METRICS).read_text().splitlines()[-1])["test_acc"]
 
 
 def undecided_arms(runs: Path, seeds: list[int]) -> set[str]:
@@ -327,7 +329,7 @@ def undecided_arms(runs: Path, seeds: list[int]) -> set[str]:
 
 
 def completed(path: Path) -> bool:
-    summary = path / "summary.json"
+    summary = path / SUMMARY
     return summary.exists() and json.loads(summary.read_text()).get("status") == "completed"
 
 
@@ -438,7 +440,7 @@ def _run_queue(args, seeds: list[int], runs: Path) -> int:
             print(f"{'stopped' if stopped else 'error'}: {preset} seed {seed} {what}; rerun the "
                   "same command to resume", file=sys.stderr)
             return STOPPED if stopped else returncode
-        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+        shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
         shutil.rmtree(out / ".hydra", ignore_errors=True)
         log = out / "train.log"  # Hydra's job log, empty: the trainer prints to stdout
         if log.exists() and log.stat().st_size == 0:
@@ -448,7 +450,7 @@ def _run_queue(args, seeds: list[int], runs: Path) -> int:
             commit_run(runs, out, f"{args.study}: {preset} seed {seed} ({elapsed / 60:.1f} min)")
         if stopped:
             return STOPPED
-    timings = runs / "timings.csv"
+    timings = runs / TIMINGS
     rows = list(csv.DictReader(timings.open())) if timings.exists() else []
     print(f"total: {(time.perf_counter() - start_all) / 60:.1f} min this invocation; "
           f"{sum(float(r['wall_s']) for r in rows) / 60:.1f} min over all timed runs")
@@ -504,7 +506,7 @@ def commit_run(runs: Path, out: Path, message: str) -> None:
             build_all(results / "runs", results, net="10gbit")
         except Exception as exc:  # the run is committed all the same; the tables say why not
             print(f"warning: make figures failed ({type(exc).__name__}: {exc})", file=sys.stderr)
-    paths = [str(p.relative_to(REPO)) for p in (out, runs / "timings.csv", runs / "fig2",
+    paths = [str(p.relative_to(REPO)) for p in (out, runs / TIMINGS, runs / "fig2",
                                                  results / "tables", results / "figures")
              if p.exists()]
     for attempt in range(10):
@@ -562,7 +564,7 @@ def add_wall_time(runs: Path, preset: str, seed: int, seconds: float, *, finishe
     else:
         partial_file.unlink(missing_ok=True)
     if finished:
-        timings = runs / "timings.csv"
+        timings = runs / TIMINGS
         rows = list(csv.DictReader(timings.open())) if timings.exists() else []
         rows = [r for r in rows if not (r["preset"] == preset and int(r["seed"]) == seed)]
         rows.append({"preset": preset, "seed": seed, "wall_s": f"{total:.1f}"})

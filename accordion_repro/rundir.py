@@ -37,10 +37,11 @@ import yaml
 from accordion_repro.engine.checkpoint import checkpoint_path, read as read_checkpoint
 from accordion_repro.accordion.detector import DetectorSettings
 from accordion_repro.engine.settings import TrainerSettings
+from accordion_repro.run_layout import CHECKPOINTS, LOCK, METRICS, RESOLVED, SUMMARY
 from accordion_repro.settings import added_keys, key_of, option_keys
 from accordion_repro.utils import atomic_write_text, flatten, pid_alive
 
-MOVABLE = ("resolved.yaml", "metrics.jsonl", "summary.json", "checkpoints", "wandb")
+MOVABLE = (RESOLVED, METRICS, SUMMARY, CHECKPOINTS, "wandb")
 
 # Keys that say where or how visibly a run happens, not what it computes: the options marked
 # `option(on_resume="free")`. A resumed run may change them freely; every other key must match
@@ -204,7 +205,7 @@ def _nothing_to_continue(run_dir: Path, resolved: dict) -> str:
 def remove_interrupted_writes(run_dir: Path) -> None:
     """Delete the temporary files of writes a killed job left (utils.atomic_write's
     `.<name>.*.tmp`: a whole checkpoint each); under the lock, no job is writing them."""
-    for folder in (run_dir, run_dir / "checkpoints"):
+    for folder in (run_dir, run_dir / CHECKPOINTS):
         for path in folder.glob(".*.tmp"):
             path.unlink(missing_ok=True)
 
@@ -219,7 +220,7 @@ def _trained_config(run_dir: Path, state: dict | None) -> dict | None:
     resolved.yaml; None for an empty directory. A resolved.yaml deleted or damaged beside a
     checkpoint is restored from it; run files with no config to compare are refused (a damaged
     resolved.yaml in one line, naming it)."""
-    previous = run_dir / "resolved.yaml"
+    previous = run_dir / RESOLVED
     on_disk, damage = _read_resolved(previous)
     in_checkpoint = state.get("config") if state is not None else None
     if in_checkpoint is not None:
@@ -233,7 +234,7 @@ def _trained_config(run_dir: Path, state: dict | None) -> dict | None:
             f"{previous} is {damage} and no checkpoint holds the run's config, so it cannot be "
             f"compared with this one. Repair or restore it, or rerun with trainer.resume=never "
             f"to move the old run aside and start afresh")
-    present = [name for name in ("metrics.jsonl", "summary.json", "checkpoints")
+    present = [name for name in (METRICS, SUMMARY, CHECKPOINTS)
                if (run_dir / name).exists()]
     if not present:
         return None
@@ -266,7 +267,7 @@ def repair_metrics(run_dir: Path, state: dict) -> None:
     missing line of an earlier epoch is rewritten from the checkpoint's copy of every line;
     a checkpoint of an older version has no copy, and the job is refused naming the epochs.
     """
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / METRICS
     last = int(state["epoch"])
     kept, epochs = [], []
     for line in (path.read_text().splitlines() if path.exists() else []):
@@ -307,7 +308,7 @@ def _what_was_wrong(kept: list[str], epochs: list[int], lines: list[str]) -> str
 def record_job_processes(run_dir: Path, pids: list[int]) -> None:
     """Add the job's other processes (local ranks, their forkserver) to the lock this process
     holds on run_dir, so that run_lock takes it over only when none of them lives either."""
-    path = Path(run_dir) / ".lock"
+    path = Path(run_dir) / LOCK
     with suppress(OSError, json.JSONDecodeError):
         owner = json.loads(path.read_text())
         if owner.get("pid") == os.getpid():
@@ -319,7 +320,7 @@ def run_lock(run_dir: Path):
     """Hold run_dir/.lock for the life of the job; refuse when a live job holds it."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / ".lock"
+    path = run_dir / LOCK
     me = {"pid": os.getpid(), "host": socket.gethostname(),
           "since": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     for _ in range(2):

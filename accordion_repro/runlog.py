@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from accordion_repro.options import Options, Settings, option
+from accordion_repro.run_layout import METRICS, SUMMARY
 from accordion_repro.utils import atomic_write_text
 
 
@@ -64,20 +65,19 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-SUMMARY_NAME = "summary.json"
 
 
 def read_summary(run_dir: Path) -> dict:
     """A run's summary.json, or {} when it is absent or unreadable."""
     try:
-        value = json.loads((Path(run_dir) / SUMMARY_NAME).read_text())
+        value = json.loads((Path(run_dir) / SUMMARY).read_text())
     except (OSError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}
 
 
 def write_summary(run_dir: Path, summary: dict) -> None:
-    atomic_write_text(Path(run_dir) / SUMMARY_NAME,
+    atomic_write_text(Path(run_dir) / SUMMARY,
                       json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
@@ -117,7 +117,7 @@ def stop_signal_of(run_dir: Path) -> tuple[int, str]:
 class RunLogger:
     def __init__(self, run_dir: Path, *, config: dict, wandb: WandbSettings, wandb_id: str | None):
         self.run_dir = Path(run_dir)
-        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.metrics_path = self.run_dir / METRICS
         self.summary: dict[str, Any] = read_summary(self.run_dir)
         self._wandb = None
         self.wandb_id = wandb_id

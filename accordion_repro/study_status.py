@@ -18,10 +18,11 @@ from pathlib import Path
 import yaml
 
 from accordion_repro import reproduce_cpu as queue
+from accordion_repro.run_layout import METRICS, RESOLVED, SUMMARY, TIMINGS
 
 
 def _timings(runs: Path) -> dict[tuple[str, int], float]:
-    path = runs / "timings.csv"
+    path = runs / TIMINGS
     if not path.exists():
         return {}
     return {(r["preset"], int(r["seed"])): float(r["wall_s"]) for r in csv.DictReader(path.open())}
@@ -29,9 +30,9 @@ def _timings(runs: Path) -> dict[tuple[str, int], float]:
 
 def _progress(out: Path) -> tuple[int, int | None]:
     """(epochs logged, epochs planned) of a run directory."""
-    metrics = out / "metrics.jsonl"
+    metrics = out / METRICS
     done = len(metrics.read_text().splitlines()) if metrics.exists() else 0
-    resolved = out / "resolved.yaml"
+    resolved = out / RESOLVED
     total = (yaml.safe_load(resolved.read_text()).get("trainer", {}).get("epochs")
              if resolved.exists() else None)
     return done, total
@@ -56,7 +57,7 @@ def print_status(study: str, seeds: list[int], runs: Path, patterns: list[str]) 
             state, note = "done", f"{walls[(preset, seed)] / 60:5.1f} min" \
                 if (preset, seed) in walls else "(no timing)"
         else:
-            summary = out / "summary.json"
+            summary = out / SUMMARY
             status = json.loads(summary.read_text()).get("status") if summary.exists() else None
             done, total = _progress(out)
             if status is None:

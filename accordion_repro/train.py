@@ -31,6 +31,7 @@ from accordion_repro.launch import RankFailed, RunStopped, hold_stop_signals, la
 from accordion_repro.runlog import read_summary
 from accordion_repro.rundir import (ConfigMismatch, RunDirectoryInUse, RunRecordGap, check_existing_run,
                                     run_lock)
+from accordion_repro.run_layout import RESOLVED
 from accordion_repro.utils import atomic_write_text
 
 # Errors the user fixes on the command line: one line, exit 2, nothing started or changed.
@@ -54,7 +55,7 @@ def run(cfg: DictConfig, run_dir: Path, accepted: Callable[[], None] | None = No
     with hold_stop_signals(), run_lock(run_dir):  # a stop signal from here on ends the job as stopped
         change = check_existing_run(run_dir, settings.resolved, settings.trainer)
         prepare_dataset(settings.dataset)
-        atomic_write_text(run_dir / "resolved.yaml",
+        atomic_write_text(run_dir / RESOLVED,
                           OmegaConf.to_yaml(OmegaConf.create(settings.resolved)))
         if accepted is not None:
             accepted()

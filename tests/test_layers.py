@@ -29,7 +29,7 @@ def test_importing_config_imports_no_engine_module():
 # docs/architecture.md's "Layers" section is this table in words (issue 57).
 FLOORS = [
     {"errors"},
-    {"options", "utils", "transfer", "env", "torch_apis", "costmodel"},
+    {"options", "utils", "transfer", "env", "torch_apis", "costmodel", "run_layout"},
     {"run_settings", "runlog", "forkserver_guard", "models", "data", "comm"},
     {"accordion"},
     {"ddp", "engine"},

@@ -23,9 +23,10 @@ import yaml
 from accordion_repro.models.factory import SETTINGS as MODEL_SETTINGS
 from accordion_repro.models.settings import SIZE_OPTIONS
 from accordion_repro.options import defaults_of
+from accordion_repro.run_layout import METRICS, RESOLVED, SUMMARY
 from accordion_repro.utils import flatten
 
-RUN_FILES = ("resolved.yaml", "metrics.jsonl", "summary.json")
+RUN_FILES = (RESOLVED, METRICS, SUMMARY)
 REQUIRED_METRICS = ("epoch", "steps", "floats_sent", "bytes_sent", "collectives",
                     "epoch_time_s", "compute_time_s")
 FINAL_METRICS = ("test_acc", "val_ppl")
@@ -167,7 +168,7 @@ def _read_json_object(path: Path) -> dict:
 
 def read_config(run_dir: Path) -> dict:
     try:
-        config = yaml.safe_load((run_dir / "resolved.yaml").read_text(encoding="utf-8"))
+        config = yaml.safe_load((run_dir / RESOLVED).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
         raise RunDirectoryError(f"resolved.yaml cannot be parsed ({error})") from None
     if not isinstance(config, dict):
@@ -178,7 +179,7 @@ def read_config(run_dir: Path) -> dict:
 def read_metrics(run_dir: Path) -> list[dict]:
     records = []
     try:
-        lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+        lines = (run_dir / METRICS).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as error:
         raise RunDirectoryError(f"metrics.jsonl cannot be read ({error})") from None
     for number, line in enumerate(lines, start=1):
@@ -221,7 +222,7 @@ def check_every_epoch(summary: dict, records: list[dict]) -> None:
 
 def load_run(run_dir: Path, name: str) -> list[dict]:
     """Rows of one completed run: flattened config + summary.* + the epoch's metrics."""
-    summary = _read_json_object(run_dir / "summary.json")
+    summary = _read_json_object(run_dir / SUMMARY)
     status = summary.get("status")
     if status in UNFINISHED_STATUSES:
         raise UnfinishedRunError(f"summary.status is {status!r}")

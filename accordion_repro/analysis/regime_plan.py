@@ -38,6 +38,7 @@ from pathlib import Path
 import yaml
 
 from ..accordion.schedules import BATCH_DECISIONS, held_decision
+from ..run_layout import RESOLVED
 from .collect import RunDirectoryError, read_metrics
 
 RULE = ("outside: per LR phase, as many epochs as the inside arm has there, the latest ones the "
@@ -182,7 +183,7 @@ def plan_from_run(run_dir: str | Path, decision: str = "model_norm") -> RegimePl
 
 
 def _reference_seed(run_dir: Path) -> int:
-    resolved = run_dir / "resolved.yaml"
+    resolved = run_dir / RESOLVED
     if not resolved.is_file():
         raise RunDirectoryError(f"{run_dir} has no resolved.yaml; the random arm's draw needs "
                                 "the reference run's seed")

@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from accordion_repro.accordion import Plan
 from accordion_repro.comm.collectives import distributed
+from accordion_repro.run_layout import CHECKPOINTS, LAST_CHECKPOINT
 from accordion_repro.transfer import to_cpu
 from accordion_repro.utils import atomic_write_bytes
 
@@ -40,7 +41,7 @@ class CheckpointError(RuntimeError):
 
 
 def checkpoint_path(run_dir: Path) -> Path:
-    return Path(run_dir) / "checkpoints" / "last.pt"
+    return Path(run_dir) / CHECKPOINTS / LAST_CHECKPOINT
 
 
 def rng_state() -> dict:
