@@ -299,7 +299,7 @@ class AutoSchedule(_ShapedSchedule):
                       for shape in self.layer_shapes]
         self.exchange = (None if s.step_time is None else step_exchange(
             self.candidates, Network(s.link_bps, s.latency_s), context.world_size))
-        self.eta = s.eta
+        self.share_eta: float | None = None  # with low_share: the eta the last check derived
         self.noise = 0.0     # the measured noise of the ratio at the last check
         self.history: list[list[float]] = []  # per-epoch layer norms since the last LR decay
         self.predicted_step_s: float | None = None  # with step_time: the high plan's step
@@ -376,6 +376,12 @@ class AutoSchedule(_ShapedSchedule):
             self.predicted_step_s = self.step_seconds([high for _, high in chosen])
         return chosen
 
+    @property
+    def eta(self) -> float:
+        """The threshold in force: the setting (the detector's option), or with low_share the
+        one the last check derived from the ratios (before the first: the setting)."""
+        return self.settings.eta if self.share_eta is None else self.share_eta
+
     def _measure_noise(self, norms: list[float]) -> None:
         """Keep the epochs' norms the noise is measured on: the last interval + 2 epochs."""
         self.history = [*self.history, list(norms)][-(self.settings.interval + 2):]
@@ -393,7 +399,7 @@ class AutoSchedule(_ShapedSchedule):
                 if s.low_share is not None:
                     self.noise = noise_level(self.history)
                     floor = max(s.eta_floor, s.noise_z * self.noise)
-                    self.eta = eta_for_share(ratios, s.low_share, floor)
+                    self.share_eta = eta_for_share(ratios, s.low_share, floor)
                 flags = [r is None or r >= self.eta for r in ratios]
         else:
             flags = list(self._critical)
@@ -415,7 +421,8 @@ class AutoSchedule(_ShapedSchedule):
         kind = self.candidates.kind
         # eta is state only where low_share derives it from the ratios; otherwise it is the
         # setting, which an allowed change on resume may have moved (issue 56)
-        self.eta = float(state["eta"]) if self.settings.low_share is not None else self.settings.eta
+        if self.settings.low_share is not None:
+            self.share_eta = float(state["eta"])
         self.noise = float(state["noise"])
         self.history = [list(h) for h in state["history"]]
         self.predicted_step_s = state["predicted_step_s"]

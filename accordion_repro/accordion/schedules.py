@@ -240,7 +240,7 @@ class Schedule:
     batch_low_option: str | None = None  # the option holding B_low, for batch schedules
     # True: every plan sets each layer's compression level, so the compressor's own level
     # (compressor.rank / ratio) is never read; the config refuses one (config.py
-    # reject_unread_level), as AdaptiveCompression refuses rank= (ddp.py).
+    # check_level_owner), as AdaptiveCompression refuses rank= (ddp.py).
     sets_levels = False
 
     def __init__(self, num_layers: int, settings=None, *, default_level=None,

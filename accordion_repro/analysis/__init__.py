@@ -1,9 +1,10 @@
-"""Run directories -> tidy DataFrame -> Tables 1-6, Figures 2/9/10, network cost model.
+"""Run directories -> tidy DataFrame -> Tables 1-6, Figures 2/9/10 and the comparison tables.
 
-Reads run directories only (never engine/, comm/ or wandb). The entry point is
+Reads run directories only (never engine/ or wandb); the network cost model it prices runs with
+is accordion_repro/costmodel.py. The entry point is
 `build_all(runs_dir, out_dir, net="10gbit", workers=None)`; the table and figure layout is
 `accordion_repro.analysis.layout.TABLES` / `FIGURES`. Imports stay lazy so that importing the
-layout or the cost model does not load pandas or matplotlib.
+layout does not load pandas or matplotlib.
 """
 
 

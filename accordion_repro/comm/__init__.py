@@ -1,7 +1,7 @@
 """Gradient reducers: dense all-reduce, PowerSGD, ACP-SGD and Top-K with per-layer levels.
 
-`build_reducer(name, params, group=..., **options)` is what the engine calls, with the options
-of conf/compressor/<name>.yaml. comm/ knows no training loop and no schedule: it takes levels.
+`build_reducer(settings, params, group=...)` is what the engine calls, with the compressor's
+checked settings (RunSettings.compressor, comm/config.py); own code may pass a name and keywords. comm/ knows no training loop and no schedule: it takes levels.
 """
 
 from __future__ import annotations

@@ -36,39 +36,34 @@ class DenseSettings(Settings):
 
 
 @dataclass(frozen=True)
-class PowerSGDSettings(Settings):
+class LowRankSettings(Settings):
+    """What PowerSGD and ACP-SGD share: a rank per layer, error feedback, the seed of the random
+    Q's they start from."""
+
     SECTION = "compressor"
     LEVEL: ClassVar[tuple] = ("rank", int)
     rank: int | None = option(
         _level(int),
-        help="PowerSGD rank of every layer, unless a schedule sets levels")
+        help="rank of every layer (PowerSGD's, ACP-SGD's), unless a schedule sets levels")
     error_feedback: bool = option(
         Options.flag, default=True,
         help="error feedback: M = grad + memory, memory = M - what was sent")
-    warm_start: bool = option(
-        Options.flag, default=True,
-        help="start each step's power iteration from the previous step's averaged Q")
     seed: int = option(
         Options.integer, minimum=0, default=0,
-        help="seeds the random Q's (conf ties it to ${seed})")
+        help="seeds the random Q's the factors start from (conf ties it to ${seed})")
 
 
 @dataclass(frozen=True)
-class ACPPowerSGDSettings(Settings):
+class PowerSGDSettings(LowRankSettings):
+    warm_start: bool = option(
+        Options.flag, default=True,
+        help="start each step's power iteration from the previous step's averaged Q")
+
+
+@dataclass(frozen=True)
+class ACPPowerSGDSettings(LowRankSettings):
     """ACP-SGD (comm/acp.py): PowerSGD sending P and Q on alternate steps. Always warm-started
     (the factor kept from the last step is the whole method), so warm_start is no option."""
-
-    SECTION = "compressor"
-    LEVEL: ClassVar[tuple] = ("rank", int)
-    rank: int | None = option(
-        _level(int),
-        help="ACP-SGD rank of every layer, unless a schedule sets levels")
-    error_feedback: bool = option(
-        Options.flag, default=True,
-        help="error feedback: M = grad + memory, memory = M - what was sent")
-    seed: int = option(
-        Options.integer, minimum=0, default=0,
-        help="seeds the first Q's (conf ties it to ${seed})")
 
 
 @dataclass(frozen=True)

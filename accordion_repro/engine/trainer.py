@@ -50,13 +50,6 @@ log = logging.getLogger("accordion_repro.train")
 
 # tqdm's default lock holds a multiprocessing RLock: a named semaphore in each rank, which a
 # rank ended by SIGKILL (a second stop signal, a crash) leaves to the resource tracker, whose
-# "leaked semaphore objects" warning then follows the job's own last line. One thread of one
-# process draws the bar: a thread lock is all it needs.
-tqdm.set_lock(threading.RLock())
-
-
-# tqdm's default lock holds a multiprocessing RLock: a named semaphore in each rank, which a
-# rank ended by SIGKILL (a second stop signal, a crash) leaves to the resource tracker, whose
 # "leaked semaphore objects" warning then follows the job's own last line (and failed
 # test_a_second_sigterm_ends_the_run_as_stopped_and_resumable under load). One thread of one
 # process draws the bar: a thread lock is all it needs.
