@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install --quiet -c constraints.txt uv
 	UV_CACHE_DIR=$(VENV)/.uv-cache $(VENV)/bin/uv pip install --quiet --python $(PYTHON) \
-		-c constraints.txt -e '.[test]'
+		-c constraints.txt -e '.[suite,test]'
 	@$(PYTHON) -m compileall -qq -j 0 accordion_repro benchmarks tests
 	@$(PYTHON) -m compileall -qq -j 0 \
 		"$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true

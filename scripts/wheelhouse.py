@@ -5,7 +5,7 @@
 Run it where PyPI is reachable; copy the repository with its wheelhouse/ to the node and
 install there with no index, into the environment that already has the node's torch:
 
-    python3 -m pip install --no-index --find-links wheelhouse -e .
+    python3 -m pip install --no-index --find-links wheelhouse -e '.[suite]'
 
 pip then keeps the node's torch (pyproject asks for torch>=2.1, a range) and takes everything
 else from the folder. Wheels are for CPython `--python-version` on manylinux x86_64, at the
@@ -42,11 +42,14 @@ def _name(requirement: str) -> str:
 
 
 def requirements(have: set[str]) -> list[str]:
-    """pyproject's dependencies less torch, torchvision and what the node has, and its build
-    requirements (setuptools, wheel: `pip install -e .` builds in an isolated environment,
-    which offline can only fill from the folder)."""
+    """pyproject's dependencies and its `suite` extra (the CLI, Hydra, the tables) less torch,
+    torchvision and what the node has, and its build requirements (setuptools, wheel: `pip
+    install -e .` builds in an isolated environment, which offline can only fill from the
+    folder)."""
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    deps = pyproject["project"]["dependencies"] + pyproject["build-system"]["requires"]
+    deps = (pyproject["project"]["dependencies"]
+            + pyproject["project"]["optional-dependencies"]["suite"]
+            + pyproject["build-system"]["requires"])
     return [d for d in deps if _name(d) not in TORCH | have]
 
 

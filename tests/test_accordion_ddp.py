@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -714,3 +715,66 @@ def test_lr_now_and_next_reads_a_torch_scheduler_without_moving_it():
         torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1))
     with pytest.raises(TypeError, match="ReduceLROnPlateau decides its next LR from a metric"):
         lr_now_and_next(plateau)
+
+
+# ---- the library on its core dependencies alone (issue 60) --------------------------------------
+CORE = ("torch", "numpy", "tqdm", "pyyaml")  # pyproject.toml's dependencies
+
+
+def _core_closure() -> list:
+    """The installed distributions of CORE and everything they require here, transitively."""
+    import importlib.metadata as metadata
+
+    from packaging.markers import default_environment
+    from packaging.requirements import Requirement
+
+    environment = {**default_environment(), "extra": ""}
+    todo, seen, found = list(CORE), set(), []
+    while todo:
+        name = todo.pop()
+        key = re.sub(r"[-_.]+", "-", name).lower()
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        found.append(dist)
+        for text in dist.requires or []:
+            requirement = Requirement(text)
+            if requirement.marker is None or requirement.marker.evaluate(environment):
+                todo.append(requirement.name)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_the_own_code_example_runs_with_only_the_core_dependencies(tmp_path):
+    """`pip install accordion_repro` without the `suite` extra gets torch, numpy, tqdm and
+    pyyaml: docs/api.md's complete script must import and train on 2 gloo ranks with those
+    alone. Here: a folder holding only those distributions (and what they need), linked from
+    this environment, is the whole sys.path (python -S: no site-packages), with the repository
+    for the package itself; hydra, pandas, matplotlib, wandb and torchvision cannot be found."""
+    site = tmp_path / "site"
+    site.mkdir()
+    for dist in _core_closure():
+        for top in {Path(str(f)).parts[0] for f in dist.files or []}:
+            source = Path(dist.locate_file(top))
+            if source.exists() and not (site / top).exists() and top not in ("..", "bin"):
+                (site / top).symlink_to(source)
+    example = tmp_path / "example.py"
+    example.write_text(readme_example())
+    env = {"PYTHONPATH": os.pathsep.join([str(site), str(REPO)]), "OMP_NUM_THREADS": "1",
+           "PATH": os.environ.get("PATH", "")}
+    absent = subprocess.run(
+        [sys.executable, "-S", "-c", "import importlib.util as u; print([m for m in ('hydra', "
+         "'pandas', 'matplotlib', 'wandb', 'torchvision', 'omegaconf') if u.find_spec(m)])"],
+        env=env, capture_output=True, text=True, timeout=120)
+    assert absent.stdout.strip() == "[]", absent.stderr
+    run = subprocess.run(  # the ranks too without site-packages: --no-python, python -S
+        [sys.executable, "-S", "-m", "torch.distributed.run", "--nproc_per_node=2",
+         "--master_addr=127.0.0.1", f"--master_port={free_port()}", "--no-python",
+         sys.executable, "-S", str(example)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]

@@ -17,8 +17,10 @@ from conftest import REPO
 
 
 def _declared() -> dict[str, str]:
-    """{name: the requirement's text after the name} for pyproject's dependencies."""
-    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    """{name: the requirement's text after the name} for pyproject's dependencies, the suite
+    extra's included."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    deps = project["dependencies"] + project["optional-dependencies"]["suite"]
     return {re.match(r"[A-Za-z0-9_.-]+", d).group(0).lower(): d for d in deps}
 
 
@@ -85,14 +87,15 @@ def test_the_tested_versions_are_pinned_in_constraints_and_used_by_make_install_
     # every dependency (and test extra) has its tested version pinned, inside the declared range
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     names = [re.match(r"[A-Za-z0-9_.-]+", d).group(0).lower()
-             for d in project["dependencies"] + project["optional-dependencies"]["test"]]
+             for d in project["dependencies"] + project["optional-dependencies"]["suite"]
+             + project["optional-dependencies"]["test"]]
     assert sorted(set(names) - set(pins)) == []
     for name in ("torch", "torchvision"):
         assert version_tuple(pins[name]) >= version_tuple(_lower_bound(_declared()[name]))
     assert pins["torch"] == torch.__version__.split("+")[0]
     makefile = (REPO / "Makefile").read_text()
     assert "-m pip install --quiet -c constraints.txt uv\n" in makefile
-    assert "uv pip install --quiet --python $(PYTHON) \\\n\t\t-c constraints.txt -e '.[test]'" in makefile
+    assert "uv pip install --quiet --python $(PYTHON) \\\n\t\t-c constraints.txt -e '.[suite,test]'" in makefile
     assert "make test" in (REPO / ".ci" / "run").read_text()  # CI runs through $(STAMP)
 
 
