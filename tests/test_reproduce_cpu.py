@@ -62,7 +62,8 @@ def test_the_successors_are_queued_at_cpu_long_with_the_compared_settings(tmp_pa
 
     assert script.LONG_SUCCESSORS == list(SUCCESSORS.own_presets)
     order = script.run_order("cpu_long", [42, 43, 44], ["*"])
-    assert order[-12:] == [(p, s) for s in (42, 43, 44) for p in script.LONG_SUCCESSORS]
+    tail = 3 * len(script.LONG_SUCCESSORS)
+    assert order[-tail:] == [(p, s) for s in (42, 43, 44) for p in script.LONG_SUCCESSORS]
     settings = {}
     for preset in script.LONG_SUCCESSORS:
         argv = script.command(preset, 42, tmp_path / "data", tmp_path / "out", [], "cpu_long")
@@ -76,6 +77,9 @@ def test_the_successors_are_queued_at_cpu_long_with_the_compared_settings(tmp_pa
         ("powersgd", 2, 0.5, 2.0, 1.0)
     assert (settings["lgreco_accordion"][2]["low"], settings["lgreco_accordion"][2]["high"]) == (2, 1)
     assert settings["acp_powersgd"][:2] == ("acp_powersgd", 2)
+    acp_accordion = settings["acp_accordion"]  # ACP-SGD under Accordion 2<->1 (issue 59)
+    assert acp_accordion[0] == "acp_powersgd" and acp_accordion[2]["name"] == "accordion"
+    assert (acp_accordion[2]["low"], acp_accordion[2]["high"]) == (2, 1)
     assert settings["phase_rule"][2]["name"] == "phase_rule"
 
 

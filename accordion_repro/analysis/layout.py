@@ -262,6 +262,8 @@ SUCCESSORS = ComparisonSpec(
      _successor("lgreco", "L-GreCo r0=2 (ranks 1..4, alpha 1)"),
      _successor("lgreco_accordion", "L-GreCo + Accordion 2<->1"),
      _successor("acp_powersgd", "ACP-SGD rank 2", compressor="acp_powersgd", schedule="static"),
+     _successor("acp_accordion", "ACP-SGD Accordion 2<->1", compressor="acp_powersgd",
+                schedule="accordion"),
      _successor("phase_rule", "Phase rule (Accordion's floats)")),
     pairs=("accordion", "static_low"))
 COMPARISONS: dict[str, ComparisonSpec] = {SUCCESSORS.id: SUCCESSORS}

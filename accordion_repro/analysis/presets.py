@@ -64,6 +64,10 @@ HEADERS: dict[str, str] = {
         "# Accordion and its successors -- ResNet-18 on CIFAR-10: ACP-SGD at rank 2 (P and Q "
         "sent on\n# alternate steps, one compressed all-reduce per step; docs/compressors.md), "
         "all run long."),
+    "successors/resnet18_acp_accordion": (
+        "# Accordion and its successors -- ResNet-18 on CIFAR-10: ACP-SGD under Accordion "
+        "2<->1: the\n# detector picks rank 2 (critical) or 1 per layer, and ACP-SGD sends "
+        "that rank's P or Q\n# on alternate steps (docs/compressors.md, docs/schedules.md)."),
     "successors/resnet18_lgreco": (
         "# Accordion and its successors -- ResNet-18 on CIFAR-10: L-GreCo (MLSys 2024) with "
         "r0 = 2,\n# candidate ranks 1..4 (gamma 0.5, beta 2) and alpha 1: each epoch the ranks "
@@ -88,6 +92,7 @@ HEADERS: dict[str, str] = {
 # The schedule options of a cell whose method has no rule below (the successors' tuned ones).
 BODIES: dict[str, str] = {
     "successors/resnet18_acp_powersgd": "compressor:\n  rank: 2\n",
+    "successors/resnet18_acp_accordion": "schedule:\n  low: 2\n  high: 1\n",
     "successors/resnet18_lgreco": "schedule:\n  r0: 2\n  gamma: 0.5\n  beta: 2.0\n  alpha: 1.0\n",
     "successors/resnet18_lgreco_accordion": "schedule:\n  r0: 2\n  low: 2\n  high: 1\n",
     "successors/resnet18_phase_rule": (
