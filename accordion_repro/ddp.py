@@ -79,6 +79,9 @@ def _in_callers_words(exc: ConfigError, level: str, level_from: str,
     return ConfigError(argument, message)
 
 
+ATTACHED = "_accordion_repro_attached"  # set on a model an Accordion-family object hooks
+
+
 class AdaptiveCompression:
     """One object on a DistributedDataParallel or fully_shard model: the hook, rank 0's
     measurement, the schedule; per-layer levels decided at the end of each epoch and applied on
@@ -107,6 +110,11 @@ class AdaptiveCompression:
             raise TypeError(f"{who} needs the DistributedDataParallel-wrapped model or a "
                             "model wrapped with fully_shard (it hooks their gradient "
                             f"communication), got {type(ddp_model).__name__}")
+        attached = getattr(ddp_model, ATTACHED, None)
+        if attached is not None:  # torch would say only "register_comm_hook must be called once"
+            raise ValueError(f"{who}: this model already has {attached} attached (one "
+                             f"Accordion-family object per model: it owns the model's gradient "
+                             f"communication); build the second one on another model")
         _check_compressor(compressor, who)
         self._compressor = compressor
         option = level_option(compressor)
@@ -192,6 +200,7 @@ class AdaptiveCompression:
         self._decide = EpochDecision(self.schedule, self.detector, group=self._control, src=self._src)
         if not fsdp:  # an FSDP state has set each unit's custom reduce-scatter already
             ddp_model.register_comm_hook(self.state, accordion_hook)
+        setattr(ddp_model, ATTACHED, who)
         if self.check_levels:  # before FSDP's own pre-forward hook (its all-gather) too
             ddp_model.register_forward_pre_hook(self._check_before_forward, prepend=fsdp)
 
@@ -248,6 +257,10 @@ class AdaptiveCompression:
         control group and every rank's schedule turns it into the same plan; a schedule that
         measures nothing (phase_rule) plans from the epoch alone.
         """
+        for name, value in (("lr_now", lr_now), ("lr_next", lr_next)):
+            if not is_real(value):  # a str would be compared as text: "0.01" > "0.1"
+                raise TypeError(f"end_epoch({name}=...) takes a number, got {value!r} "
+                                f"({type(value).__name__})")
         if self.check_levels:  # every rank is here, at the same epoch (one line if not)
             check_agreement(self.state.reducer, ending_epoch=epoch)
         # A drop below lr_decay_rule's threshold is not shown to the detector as a decay.

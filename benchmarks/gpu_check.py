@@ -268,8 +268,34 @@ def _no_gpu_line() -> tuple[str, int] | None:
         return (f"gpu-check: torch is not importable by {sys.executable}; run it with the "
                 "interpreter of your torch environment (make gpu-check PYTHON=...)", 2)
     if not torch.cuda.is_available():
-        return "gpu-check: no CUDA GPU found (torch.cuda.is_available() is False); nothing run", 0
+        present = gpu_present()
+        if present is None:
+            return ("gpu-check: no CUDA GPU found (torch.cuda.is_available() is False); "
+                    "nothing run", 0)
+        return (f"gpu-check: a GPU is present ({present}) but CUDA is not usable from "
+                f"{sys.executable}: {_cuda_unusable_because(torch)}; nothing run", 1)
     return None
+
+
+def gpu_present() -> str | None:
+    """What says an NVIDIA GPU is on this machine whatever torch thinks (the driver's /proc
+    entries, its device node), or None."""
+    gpus = sorted(Path("/proc/driver/nvidia/gpus").glob("*"))
+    if gpus:
+        return f"{len(gpus)} in /proc/driver/nvidia/gpus"
+    if Path("/dev/nvidia0").exists():
+        return "/dev/nvidia0"
+    return None
+
+
+def _cuda_unusable_because(torch) -> str:
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a build without CUDA (install a CUDA build)"
+    try:
+        torch.cuda.init()
+    except Exception as exc:  # the driver's own words: too old, not loaded, no device visible
+        return " ".join(str(exc).split())
+    return "torch.cuda.is_available() is False (CUDA_VISIBLE_DEVICES hides every device?)"
 
 
 def main(argv=None) -> int:

@@ -778,3 +778,26 @@ def test_the_own_code_example_runs_with_only_the_core_dependencies(tmp_path):
          sys.executable, "-S", str(example)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+
+
+# ---- own-code misuses named in our words (issue 60) ---------------------------------------------
+def test_a_second_accordion_on_one_model_and_a_text_learning_rate_are_refused_in_one_line(
+        one_rank_group):
+    """A second Accordion on one model got torch's "register_comm_hook must only be called
+    once"; end_epoch(0, "0.1", "0.01") compared the rates as text ("0.01" < "0.1" holds, but
+    so does "0.1" < "0.09"), and the LR-decay rule read a decay where there was none."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from accordion_repro.ddp import Accordion, LGreCo
+
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(),
+                                                        torch.nn.Linear(8, 2)))
+    acc = Accordion(model, compressor="powersgd", low=2, high=1)
+    for second in (lambda: Accordion(model, compressor="powersgd", low=2, high=1),
+                   lambda: LGreCo(model, r0=2)):
+        with pytest.raises(ValueError, match="already has Accordion attached") as error:
+            second()
+        assert "\n" not in str(error.value)
+    with pytest.raises(TypeError, match=r"end_epoch\(lr_now=\.\.\.\) takes a number, got '0.1'"):
+        acc.end_epoch(0, "0.1", "0.09")
+    acc.end_epoch(0, 0.1, 0.1)  # numbers pass

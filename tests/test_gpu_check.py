@@ -20,6 +20,21 @@ NO_GPU = "gpu-check: no CUDA GPU found (torch.cuda.is_available() is False); not
 BLOCKED = ("hydra", "omegaconf", "submitit", "wandb")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine's CUDA works")
+def test_a_gpu_that_cuda_cannot_use_fails_the_check_in_one_line(monkeypatch, capsys):
+    """Issue 60: with a GPU present but CUDA unusable (a driver too old, a CPU-only torch),
+    gpu-check said "no CUDA GPU found" and exited 0, so a broken node looked like a CPU one."""
+    from benchmarks import gpu_check
+
+    monkeypatch.setattr(gpu_check, "gpu_present", lambda: "1 in /proc/driver/nvidia/gpus")
+    assert gpu_check.main([]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith("gpu-check: a GPU is present (1 in /proc/")
+    assert "but CUDA is not usable" in out[0]
+    monkeypatch.setattr(gpu_check, "gpu_present", lambda: None)
+    assert gpu_check.main([]) == 0 and capsys.readouterr().out.splitlines() == [NO_GPU]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the check would run")
 @pytest.mark.slow
 def test_make_gpu_check_installs_nothing_and_says_no_gpu_in_one_line():
