@@ -135,13 +135,18 @@ def test_a_second_run_on_a_directory_in_use_stops_at_once(tmp_path):
     assert len(lines) == len(set(lines))  # no epoch logged twice
 
 
+def _dead_pid() -> int:
+    """The pid of a process that has just ended (none of this host's runs it now)."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    return dead.pid
+
+
 @pytest.mark.slow
 def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    (run_dir / ".lock").write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname()}))
+    (run_dir / ".lock").write_text(json.dumps({"pid": _dead_pid(), "host": socket.gethostname()}))
     out = cli(run_dir, "trainer.epochs=1")
     assert out.returncode == 0, out.stderr
     assert "stale lock" in out.stdout
@@ -185,16 +190,15 @@ def test_a_killed_launcher_takes_every_process_of_its_job_and_its_pymp_folder_wi
 def test_a_rerun_while_a_process_of_the_old_job_lives_is_refused_naming_its_pid(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
+    dead = _dead_pid()
     rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         (run_dir / ".lock").write_text(json.dumps(
-            {"pid": dead.pid, "host": socket.gethostname(), "processes": [rank.pid]}))
+            {"pid": dead, "host": socket.gethostname(), "processes": [rank.pid]}))
         out = cli(run_dir, "trainer.epochs=1")
         assert out.returncode == 2
         lines = [line for line in out.stderr.splitlines() if line.strip()]
-        assert len(lines) == 1 and f"pid {rank.pid} of the job of pid {dead.pid}" in lines[0]
+        assert len(lines) == 1 and f"pid {rank.pid} of the job of pid {dead}" in lines[0]
         assert (run_dir / ".lock").exists() and not (run_dir / "metrics.jsonl").exists()
     finally:
         rank.kill()
