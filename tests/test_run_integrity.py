@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from unittest import mock
 
@@ -159,22 +160,39 @@ def _descendants(pid: int) -> list[int]:
     return children + [grandchild for child in children for grandchild in _descendants(child)]
 
 
-@pytest.mark.slow
-def test_a_killed_launcher_takes_every_process_of_its_job_and_its_pymp_folder_with_it(tmp_path):
-    """Issue 56: SIGKILL to the launcher alone, mid-epoch. Its forkserver (which dies with it,
-    accordion_repro/forkserver_guard.py), the ranks forked from it and the resource tracker are
-    gone within 5 s, and so is the forkserver's pymp-* folder; the lock names the job's other
-    processes, so no rerun takes the directory over while one of them lives."""
-    run_dir, temp = tmp_path / "run", tmp_path / "tmp"
+def _temp_dir_choosing(method: str, tmp_path: Path) -> Path:
+    """A TMPDIR under which launch.start_method picks `method` on the CPU: the forkserver's socket
+    path must fit in 107 bytes, so a short folder under /tmp for "forkserver" (pytest's own
+    tmp_path is long enough on a busy CI worker, /tmp/pytest-of-root/pytest-100/popen-gw0/...,
+    to turn the launch into "spawn") and a long one for "spawn"."""
+    if method == "forkserver":
+        return Path(tempfile.mkdtemp(prefix="acc-", dir="/tmp"))
+    temp = tmp_path / ("t" * 80)
     temp.mkdir()
+    return temp
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_a_killed_launcher_takes_every_process_of_its_job_and_its_pymp_folder_with_it(method, tmp_path):
+    """Issue 56: SIGKILL to the launcher alone, mid-epoch. Under "forkserver" its forkserver
+    (which dies with it, accordion_repro/forkserver_guard.py), the ranks forked from it and the
+    resource tracker are gone within 5 s, and so is the forkserver's pymp-* folder; under
+    "spawn" (a TMPDIR too long for the forkserver's socket) the ranks are its own children and
+    die with it. The lock names the job's other processes, so no rerun takes the directory over
+    while one of them lives."""
+    run_dir, temp = tmp_path / "run", _temp_dir_choosing(method, tmp_path)
     proc = _popen(run_dir, *TWO_RANKS, "trainer.epochs=20", env={"TMPDIR": str(temp)})
     try:
         wait_until(lambda: _training(run_dir) and json.loads((run_dir / ".lock").read_text())
                    .get("processes"), timeout=180, what="the ranks training", alive=proc)
         job = _descendants(proc.pid)
         lock = json.loads((run_dir / ".lock").read_text())
-        assert set(lock["processes"]) <= set(job) and len(lock["processes"]) == 3
-        assert list(temp.glob("pymp-*"))
+        ranks = local_ranks(proc.pid)
+        servers = [pid for pid, args in child_processes(proc.pid) if "forkserver import main" in args]
+        assert len(ranks) == 2 and len(servers) == (method == "forkserver")
+        assert sorted(lock["processes"]) == sorted(ranks + servers) and set(ranks) <= set(job)
+        assert bool(list(temp.glob("pymp-*"))) == (method == "forkserver")
         proc.kill()  # the launcher alone, not its process group
         proc.wait()
         wait_until(lambda: not any(pid_alive(pid) for pid in job), timeout=5,
@@ -184,6 +202,8 @@ def test_a_killed_launcher_takes_every_process_of_its_job_and_its_pymp_folder_wi
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+        if method == "forkserver":
+            shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.mark.slow
