@@ -145,6 +145,19 @@ def _equivalence_worker(rank):
         out["mismatch"] = None
     except LevelMismatchError as exc:
         out["mismatch"] = str(exc)
+    # a trainable parameter the forward pass never uses: named when its unit reduces
+    from accordion_repro.comm.fsdp import FSDPSetupError
+
+    torch.manual_seed(0)
+    net = SmallNet()
+    net.fc1.unused = torch.nn.Parameter(torch.zeros(6))
+    model = _shard(net)
+    Accordion(model, "powersgd", low=2, high=1)
+    try:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        out["unused"] = None
+    except FSDPSetupError as exc:
+        out["unused"] = str(exc)
     return out
 
 
@@ -218,6 +231,15 @@ def test_report_states_error_memory_and_pop_stats_the_fsdp_baseline(results):
             assert history[0]["report"]["error_memory_bytes"] == whole_layers
             assert history[0]["stats"].fsdp_reduce_scatter_bytes == 3 * padded
         assert out["powersgd_whole"][1][0]["report"]["error_memory_bytes"] == 0
+
+
+@pytest.mark.slow
+@distributed
+def test_a_parameter_without_a_gradient_is_named_in_one_line(results):
+    for rank in results:
+        message = rank["unused"]
+        assert message is not None and "\n" not in message, message
+        assert message.startswith("trainable parameter(s) fc1.unused got no gradient"), message
 
 
 @pytest.mark.slow

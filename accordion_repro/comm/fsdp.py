@@ -237,7 +237,9 @@ class FSDPReducerState(ReducerState):
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
         position = {id(p): i for i, p in enumerate(self._params)}
         self.layouts: list[_UnitLayout] = []
+        self._with_grad: set[int] = set()  # positions whose gradient this backward produced
         for unit in fsdp_units(model):
+            watched = []
             for param_group in unit._get_fsdp_state()._fsdp_param_groups:
                 fsdp_params = [fp for fp in param_group.fsdp_params
                                if fp.sharded_param.requires_grad]
@@ -247,6 +249,9 @@ class FSDPReducerState(ReducerState):
                                      fsdp_params, self.world_size)
                 self.layouts.append(layout)
                 unit.set_custom_reduce_scatter(AccordionReduceScatter(self, layout))
+                watched += zip(layout.positions, fsdp_params)
+            if watched:
+                self._watch_gradients(unit, watched)
         segment_all_gathers(model)  # own code's fully_shard: gather as the trainer's model does
         if clip_local and len(self.layouts) != 1:
             raise FSDPSetupError("clipping each rank's local gradient needs the whole model in "
@@ -254,6 +259,19 @@ class FSDPReducerState(ReducerState):
                                  f"{len(self.layouts)}")
         self.clip_local = clip_local
         self._step: CommStats | None = None  # of the backward pass in progress, if any
+
+    def _watch_gradients(self, unit: torch.nn.Module, watched: list) -> None:
+        """Note which parameters of `unit` get a gradient in each backward pass, so that a unit
+        that reduces fewer parameters than it holds names the ones that got none. FSDP2 passes
+        the reduce-scatter only the flat gradients of the parameters that have one, and has
+        cleared every unsharded .grad by then. The unsharded parameters exist once the unit
+        first gathers, in FSDP's own forward pre-hook, which runs before this one."""
+        def on_first_forward(module, args):
+            for pos, fp in watched:
+                fp.unsharded_param.register_post_accumulate_grad_hook(
+                    lambda _, pos=pos: self._with_grad.add(pos))
+            handle.remove()
+        handle = unit.register_forward_pre_hook(on_first_forward)
 
     # ---- one unit ---------------------------------------------------------------------------
     def reduce_unit(self, layout: _UnitLayout, output: torch.Tensor, flat: torch.Tensor,
@@ -263,9 +281,12 @@ class FSDPReducerState(ReducerState):
             raise FSDPSetupError(f"FSDP asked for a {op} reduce-scatter; Accordion averages "
                                  "(float32/bfloat16 reduction, no custom divide factor)")
         if flat.numel() != layout.per_rank * self.world_size:
-            raise FSDPSetupError("an FSDP unit reduced fewer parameters than it holds (a "
-                                 "trainable parameter got no gradient this step); Accordion "
-                                 "under FSDP needs every trainable parameter used in each step")
+            missing = [self.param_names[pos] for pos in layout.positions
+                       if pos not in self._with_grad]
+            raise FSDPSetupError(f"trainable parameter(s) {', '.join(missing) or '(unknown)'} got "
+                                 "no gradient this step (unused in the forward pass); Accordion "
+                                 "under FSDP needs every trainable parameter used in each step: "
+                                 "use it, or set requires_grad=False before fully_shard")
         if self._step is None:  # the first unit of this backward pass
             self._step = CommStats()
             if self.check_levels:  # before any compressed collective of the step
@@ -305,6 +326,7 @@ class FSDPReducerState(ReducerState):
         """After the backward pass: every unit has reduced (FSDP's own final callback, queued
         before this one, reduces the units whose post-backward did not run)."""
         step, self._step = self._step, None
+        self._with_grad.clear()
         if step is None:
             return
         self.stats += step
