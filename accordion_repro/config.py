@@ -26,9 +26,8 @@ from accordion_repro.comm.config import check_level, level_kind, level_option
 from accordion_repro.env import env_rank
 from accordion_repro.errors import ConfigError, ConfigWarning
 from accordion_repro.options import Options, defaults_of
+from accordion_repro.run_layout import CONF_DIR  # noqa: F401  (train.py and tests read it here)
 from accordion_repro.run_settings import RunSettings
-
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
 MAX_SUBDIR = 200  # file systems allow 255 bytes per path component

@@ -48,9 +48,10 @@ from pathlib import Path
 
 import yaml
 
-from accordion_repro.run_layout import CHECKPOINTS, METRICS, SUMMARY, TIMINGS, study_run_dir
+from accordion_repro.run_layout import (CHECKPOINTS, CONF_DIR, METRICS, PROJECT_ROOT, SUMMARY,
+                                         TIMINGS, study_run_dir)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = PROJECT_ROOT
 STOPPED = 128 + signal.SIGTERM  # the runner's exit status when told to stop (as the trainer's)
 
 CIFAR_PRESETS = [
@@ -199,7 +200,7 @@ def run_dir(runs: Path, preset: str, seed: int) -> Path:
 
 def scale_file(study: str) -> dict:
     """The study's conf/scale/<scale>.yaml, as written."""
-    return yaml.safe_load((REPO / "conf" / "scale" / f"{STUDIES[study]['scale']}.yaml").read_text())
+    return yaml.safe_load((CONF_DIR / "scale" / f"{STUDIES[study]['scale']}.yaml").read_text())
 
 
 def lr_rule_windows(study: str) -> str:

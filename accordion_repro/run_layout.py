@@ -19,6 +19,14 @@ LAST_CHECKPOINT = "last.pt"    # in CHECKPOINTS
 LOCK = ".lock"                 # the job holding the directory
 TIMINGS = "timings.csv"        # a study's wall times, beside its runs
 
+# Where the configs are and where results/ goes. A checkout holds conf/ and results/ beside the
+# package; an installed wheel holds the configs inside it (accordion_repro/conf, pyproject.toml's
+# package-dir) and writes results/ under the working directory.
+PACKAGE_DIR = Path(__file__).resolve().parent
+CHECKOUT = PACKAGE_DIR.parent if (PACKAGE_DIR.parent / "conf" / "config.yaml").is_file() else None
+CONF_DIR = PACKAGE_DIR.parent / "conf" if CHECKOUT else PACKAGE_DIR / "conf"
+PROJECT_ROOT = CHECKOUT or Path.cwd()
+
 
 def seed_folder(seed: int) -> str:
     return f"seed{seed}"

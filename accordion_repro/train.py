@@ -31,7 +31,7 @@ from accordion_repro.launch import RankFailed, RunStopped, hold_stop_signals, la
 from accordion_repro.runlog import read_summary
 from accordion_repro.rundir import (ConfigMismatch, RunDirectoryInUse, RunRecordGap, check_existing_run,
                                     run_lock)
-from accordion_repro.run_layout import RESOLVED
+from accordion_repro.run_layout import CHECKOUT, CONF_DIR, RESOLVED
 from accordion_repro.utils import atomic_write_text
 
 # Errors the user fixes on the command line: one line, exit 2, nothing started or changed.
@@ -63,7 +63,7 @@ def run(cfg: DictConfig, run_dir: Path, accepted: Callable[[], None] | None = No
     return run_dir
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
@@ -119,8 +119,9 @@ def closing_summary(run_dir: Path, runs_dir: Path) -> str:
     if wandb_dir.is_dir():
         lines.append(f"wandb files: {wandb_dir} (offline runs upload with `wandb sync "
                      f"{wandb_dir}/offline-run-*`)")
-    lines.append(f"tables and figures: `make figures RUNS={runs_dir}` writes results/tables and "
-                 f"results/figures")
+    rebuild = (f"make figures RUNS={runs_dir}" if CHECKOUT else  # no Makefile in an installed wheel
+               f"python -m accordion_repro.analysis --runs {runs_dir} --out results")
+    lines.append(f"tables and figures: `{rebuild}` writes results/tables and results/figures")
     return "\n".join(lines)
 
 
@@ -137,7 +138,7 @@ def expand_experiment_globs(argv: list[str]) -> list[str]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import Glob
 
-    presets_dir = Path(__file__).resolve().parent.parent / "conf" / "experiment"
+    presets_dir = CONF_DIR / "experiment"
     names = sorted(p.relative_to(presets_dir).with_suffix("").as_posix() for p in presets_dir.rglob("*.yaml")
                    if "_base" not in p.relative_to(presets_dir).parts)  # _base/: family bases, not presets
     out = []
@@ -188,7 +189,7 @@ def check_overrides_compose(argv: list[str]) -> None:
     from hydra.errors import HydraException
 
     overrides = [arg for arg in args if not arg.lstrip("+~").startswith(("hydra.", "hydra/"))]
-    with initialize_config_dir(config_dir=str(config_module.CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         try:
             compose(config_name="config", overrides=overrides)
         except HydraException as exc:

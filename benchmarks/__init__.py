@@ -1,5 +1,8 @@
 """The benchmark harness and the benchmarks built on it; scripts/bench_*.py are their command
-lines, and ranks started as subprocesses run `python -m benchmarks.<module>`.
+lines, and ranks started as subprocesses run `python -m accordion_repro.benchmarks.<module>`.
+Installed as accordion_repro.benchmarks (pyproject.toml's package-dir; no top-level name of
+ours in site-packages); its modules import each other relatively, so that `python3 -m
+benchmarks.gpu_check` from the checkout's root, with nothing installed, runs the same files.
 
 - harness.py: what every benchmark shares: loopback and torchrun-style ranks, the timed Arm,
   interleaved rounds, quartiles, the CSV;

@@ -17,7 +17,7 @@ import argparse
 import time
 from pathlib import Path
 
-from benchmarks.harness import WORLD, interleave, quantile_rows, run_ranks, write_csv
+from .harness import WORLD, interleave, quantile_rows, run_ranks, write_csv
 
 RANKS = (1, 2, 4)
 RATIOS = (0.99, 0.1, 0.01)

@@ -33,17 +33,17 @@ from pathlib import Path
 
 from accordion_repro.errors import ConfigError
 from accordion_repro.utils import atomic_write_text
-from benchmarks.ddp_phases import table as phase_table
-from benchmarks.ddp_step import TORCH_START_ITER
-from benchmarks.harness import quantile_rows
-from benchmarks.netbench.bench import calibrate, link_calibration, link_pair
-from benchmarks.netbench.ddp_report import markdown, read_csv, readme_table, rows_for, write_csv
-from benchmarks.netbench.netns import (LinkSpec, cleanup_leftovers, missing_requirement,
+from accordion_repro.run_layout import PROJECT_ROOT as REPO
+from .ddp_phases import table as phase_table
+from .ddp_step import TORCH_START_ITER
+from .harness import quantile_rows
+from .netbench.bench import calibrate, link_calibration, link_pair
+from .netbench.ddp_report import markdown, read_csv, readme_table, rows_for, write_csv
+from .netbench.netns import (LinkSpec, cleanup_leftovers, missing_requirement,
                                        parse_bandwidth, parse_duration, teardown_on_signals)
-from benchmarks.netbench.ranks import python_argv, run_reported, run_two_ranks
-from benchmarks.netbench.report import csv_text
+from .netbench.ranks import python_argv, run_reported, run_two_ranks
+from .netbench.report import csv_text
 
-REPO = Path(__file__).resolve().parents[1]
 
 NAME = "bench-ddp-network"
 
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
 
 
 def _rank_argv(args, width: float, raw: Path) -> list[str]:
-    argv = python_argv("benchmarks.ddp_step", "--env", "--raw", str(raw),
+    argv = python_argv(f"{__package__}.ddp_step", "--env", "--raw", str(raw),
                        "--width", f"{width:g}", "--steps", str(args.steps),
                        "--warmup", str(args.warmup), "--only", *args.only,
                        "--topk", *(f"{k:g}" for k in args.topk))

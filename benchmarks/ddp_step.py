@@ -19,7 +19,7 @@ no byte, so the step's compute (forward, backward, compression, optimizer) witho
 By default it starts its 2 ranks on loopback. With `--env` it is one rank of a torchrun-style
 launch (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment) and rank 0 writes what
 it measured to `--raw`: how benchmarks/ddp_network.py runs the same arms across a shaped link
-(`python -m benchmarks.ddp_step --env ...`).
+(`python -m accordion_repro.benchmarks.ddp_step --env ...`).
 
     python scripts/bench_ddp.py [--steps 20] [--warmup 3] [--width 1.0] [--only TEXT ...]
                                 [--topk 0.1 ...] [--compute] [--out results/bench/ddp.csv]
@@ -32,8 +32,8 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks import harness
-from benchmarks.harness import WORLD, env_rank, interleave, quantile_rows, run_ranks, write_csv
+from . import harness
+from .harness import WORLD, env_rank, interleave, quantile_rows, run_ranks, write_csv
 
 RANKS = (1, 2, 4)
 BATCH = 32
@@ -186,7 +186,7 @@ def measure(args, rank: int) -> dict:
     record = {"width": args.width, "world": world, "batch": BATCH, "steps": args.steps,
               "warmup": args.warmup}
     if args.breakdown is not None:
-        from benchmarks.ddp_phases import breakdown
+        from .ddp_phases import breakdown
 
         kind, options = specs[args.breakdown]
         record["breakdown"] = {args.breakdown: breakdown(
@@ -243,7 +243,7 @@ def main(argv=None):
         return env_rank(measure, args, args.raw)
     record = run_ranks(measure, args, timeout=3600)
     if args.breakdown is not None:
-        from benchmarks.ddp_phases import table
+        from .ddp_phases import table
 
         print(table(record["breakdown"]))
         return 0

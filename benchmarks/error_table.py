@@ -20,10 +20,10 @@ import torch
 
 from accordion_repro.accordion.candidates import FractionCandidates, RankCandidates
 from accordion_repro.models.factory import build_model
+from accordion_repro.run_layout import PROJECT_ROOT as REPO
 
 from .harness import write_csv
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 def layer_matrices(model_name: str, width: float, seed: int = 0) -> list[torch.Tensor]:

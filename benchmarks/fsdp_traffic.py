@@ -37,10 +37,11 @@ import statistics
 import sys
 from pathlib import Path
 
-from benchmarks import harness
-from benchmarks.harness import env_rank, interleave, quantile_rows, run_ranks
+from accordion_repro.run_layout import PROJECT_ROOT as REPO
 
-REPO = Path(__file__).resolve().parents[1]
+from . import harness
+from .harness import env_rank, interleave, quantile_rows, run_ranks
+
 
 NAME = "bench-fsdp-traffic"
 BATCH = 8
@@ -340,7 +341,7 @@ def rows_from(record: dict, *, shaped: dict | None = None, compute: dict | None 
 
 def _write(rows: list[dict], out: Path) -> None:
     from accordion_repro.utils import atomic_write_text
-    from benchmarks.netbench.report import csv_text
+    from .netbench.report import csv_text
 
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, csv_text(rows, COLUMNS))
@@ -348,9 +349,9 @@ def _write(rows: list[dict], out: Path) -> None:
 
 
 def _rank_argv(args, raw: Path) -> list[str]:
-    from benchmarks.netbench.ranks import python_argv
+    from .netbench.ranks import python_argv
 
-    return python_argv("benchmarks.fsdp_traffic", "--env", "--raw", str(raw),
+    return python_argv(f"{__package__}.fsdp_traffic", "--env", "--raw", str(raw),
                        "--widths", *(f"{w:g}" for w in args.widths),
                        "--ranks", *map(str, args.ranks),
                        "--steps", str(args.steps), "--warmup", str(args.warmup))
@@ -360,8 +361,8 @@ def measure_link(args, link, work: Path):
     """(unshaped record, shaped record, the shaped link's LinkCalibration): the same arms
     launched twice as rank 0 and rank 1 of a veth pair, first unshaped, then shaped to `link`,
     whose raw gloo collectives are probed first (benchmarks/netbench/bench.py)."""
-    from benchmarks.netbench.bench import calibrate, link_calibration, link_pair
-    from benchmarks.netbench.ranks import run_two_ranks
+    from .netbench.bench import calibrate, link_calibration, link_pair
+    from .netbench.ranks import run_two_ranks
 
     records, calibration = {}, None
     for name, spec in (("unshaped", None), ("shaped", link)):
@@ -390,9 +391,9 @@ def main(argv=None) -> int:
         _write(rows_from(run_ranks(measure, args)), args.out)
         return 0
     from accordion_repro.errors import ConfigError
-    from benchmarks.netbench.netns import (LinkSpec, cleanup_leftovers, missing_requirement,
+    from .netbench.netns import (LinkSpec, cleanup_leftovers, missing_requirement,
                                            parse_bandwidth, teardown_on_signals)
-    from benchmarks.netbench.ranks import run_reported
+    from .netbench.ranks import run_reported
 
     reason = missing_requirement()
     if reason:

@@ -46,8 +46,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-PARTS_MODULE = "benchmarks.gpu_parts"  # run from REPO with REPO on PYTHONPATH (_env)
+from accordion_repro.run_layout import PROJECT_ROOT as REPO
+
+PARTS_MODULE = f"{__package__}.gpu_parts"  # run from REPO with REPO on PYTHONPATH (_env)
 TIMING = {"epoch_time_s", "compute_time_s", "comm_time_s"}
 # Each part's own limit in seconds on a GPU (--tiny: the same; the budget bounds the total).
 PART_LIMITS = {"hook and step times": 150, "multi-gpu equality": 120, "models": 120,
@@ -351,7 +352,7 @@ def main(argv=None) -> int:
                             "detail": r["detail"]} for r in sub_rows]
             else:
                 checks.append({"part": part, "check": part, **row})
-        command = "python -m benchmarks.gpu_check" + (" --tiny" if args.tiny else "")
+        command = f"python -m {__package__}.gpu_check" + (" --tiny" if args.tiny else "")
         write_results(out_dir, s, device_name, checks, results, command)
     failed = [c for c in checks if c["status"] in ("failed", "timeout", "not started")]
     passed = sum(c["status"] == "ok" for c in checks)

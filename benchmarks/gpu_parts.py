@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from accordion_repro.engine.precision import autocast
 from accordion_repro.models import build_model
-from benchmarks.harness import interleave
+from .harness import interleave
 
 HANG_ENV = "ACCORDION_GPU_CHECK_HANG"
 STEP_CONFIGS = ["dense", "ours powersgd r1", "ours powersgd r2", "ours powersgd r4",
@@ -174,7 +174,7 @@ def pipeline(s: dict) -> dict:
     """images/s of the loaders alone: the PIL pipeline (one image at a time, then copied to
     the device) against dataset.pipeline=device (augmentation per batch on the device)."""
     from accordion_repro.data import DeviceImages
-    from benchmarks.step_options import BATCH, _images, _pil_batches
+    from .step_options import BATCH, _images, _pil_batches
 
     device = torch.device(s["device"], 0) if s["device"] == "cuda" else torch.device("cpu")
     _hang_here("pipeline")

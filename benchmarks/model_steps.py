@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from accordion_repro.models import MODEL_NAMES, build_model, count_parameters
-from benchmarks.harness import write_csv
+from .harness import write_csv
 
 WIKITEXT2_VOCAB = 33_278
 

@@ -22,13 +22,13 @@ from pathlib import Path
 
 from accordion_repro.errors import ConfigError
 from accordion_repro.utils import atomic_write_text
-from benchmarks.netbench.driver import assemble, measure
-from benchmarks.netbench.netns import LinkSpec, missing_requirement, parse_bandwidth, parse_duration
-from benchmarks.netbench.ranks import run_reported
-from benchmarks.netbench.report import off_rows, write
-from benchmarks.netbench.study import study_families
+from accordion_repro.run_layout import PROJECT_ROOT as REPO
+from .netbench.driver import assemble, measure
+from .netbench.netns import LinkSpec, missing_requirement, parse_bandwidth, parse_duration
+from .netbench.ranks import run_reported
+from .netbench.report import off_rows, write
+from .netbench.study import study_families
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv):

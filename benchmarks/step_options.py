@@ -32,7 +32,7 @@ from accordion_repro.data.images import ArrayImageDataset, image_transforms
 from accordion_repro.data.settings import ImageSettings
 from accordion_repro.engine.precision import autocast
 from accordion_repro.models import build_model
-from benchmarks.harness import write_csv
+from .harness import write_csv
 
 BATCH = 64
 CPU = torch.device("cpu")

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from accordion_repro import reproduce_cpu
 from accordion_repro.engine.numerics import cpu_model
-from benchmarks.harness import write_csv
+from .harness import write_csv
 
 STUDY = "cpu_fp32"
 ARMS = {  # pilot name -> (preset, extra overrides): the study's kinds of step

@@ -6,7 +6,7 @@ options); this file is its command line.
 
 import sys
 
-from benchmarks.compressors import main
+from accordion_repro.benchmarks.compressors import main
 
 if __name__ == "__main__":
     sys.exit(main())

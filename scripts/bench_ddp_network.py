@@ -7,7 +7,7 @@ options); this file is its command line.
 
 import sys
 
-from benchmarks.ddp_network import main
+from accordion_repro.benchmarks.ddp_network import main
 
 if __name__ == "__main__":
     sys.exit(main())

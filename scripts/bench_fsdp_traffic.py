@@ -8,7 +8,7 @@ options); this file is its command line.
 
 import sys
 
-from benchmarks.fsdp_traffic import main
+from accordion_repro.benchmarks.fsdp_traffic import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,7 +7,7 @@ options); this file is its command line.
 
 import sys
 
-from benchmarks.network import main
+from accordion_repro.benchmarks.network import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,7 +7,7 @@ options); this file is its command line.
 
 import sys
 
-from benchmarks.step_options import main
+from accordion_repro.benchmarks.step_options import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -6,7 +6,7 @@ options); this file is its command line.
 
 import sys
 
-from benchmarks.study_pilot import main
+from accordion_repro.benchmarks.study_pilot import main
 
 if __name__ == "__main__":
     sys.exit(main())

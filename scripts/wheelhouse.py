@@ -43,7 +43,7 @@ def _name(requirement: str) -> str:
 
 def requirements(have: set[str]) -> list[str]:
     """pyproject's dependencies and its `suite` extra (the CLI, Hydra, the tables) less torch,
-    torchvision and what the node has, and its build requirements (setuptools, wheel: `pip
+    torchvision and what the node has, and its build requirements (setuptools: `pip
     install -e .` builds in an isolated environment, which offline can only fill from the
     folder)."""
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())

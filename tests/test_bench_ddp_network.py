@@ -12,12 +12,12 @@ import sys
 
 import pytest
 
-from benchmarks import ddp_network
-from benchmarks.netbench.bench import link_calibration
-from benchmarks.netbench.ddp_report import (COLUMNS, comm_seconds, read_csv, readme_table,
+from accordion_repro.benchmarks import ddp_network
+from accordion_repro.benchmarks.netbench.bench import link_calibration
+from accordion_repro.benchmarks.netbench.ddp_report import (COLUMNS, comm_seconds, read_csv, readme_table,
                                             rows_for, write_csv)
-from benchmarks.netbench.netns import LinkSpec, ShapingReport, missing_requirement
-from benchmarks.netbench.report import csv_text
+from accordion_repro.benchmarks.netbench.netns import LinkSpec, ShapingReport, missing_requirement
+from accordion_repro.benchmarks.netbench.report import csv_text
 from conftest import REPO
 
 MISSING = missing_requirement()
@@ -107,7 +107,7 @@ def _clocked_gather_worker(rank):
 
     from accordion_repro.comm.collectives import Communicator
     from accordion_repro.comm.stats import CommStats
-    from benchmarks.ddp_phases import _Clock, _clocked_collectives
+    from accordion_repro.benchmarks.ddp_phases import _Clock, _clocked_collectives
 
     clock, comm = _Clock(), Communicator()
     comm.gloo_segment = 7

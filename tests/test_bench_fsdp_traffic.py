@@ -9,10 +9,10 @@ import io
 
 import pytest
 
-from benchmarks import fsdp_traffic as bench
-from benchmarks.netbench.bench import link_calibration
-from benchmarks.netbench.netns import LinkSpec, ShapingReport
-from benchmarks.netbench.report import csv_text
+from accordion_repro.benchmarks import fsdp_traffic as bench
+from accordion_repro.benchmarks.netbench.bench import link_calibration
+from accordion_repro.benchmarks.netbench.netns import LinkSpec, ShapingReport
+from accordion_repro.benchmarks.netbench.report import csv_text
 
 PROC_NET_DEV = """\
 Inter-|   Receive                                                |  Transmit

@@ -2,7 +2,7 @@
 (issue 39).
 
 The benchmarks import each other as a package (no `sys.path` edits), from any directory, and
-the ranks they start as subprocesses run `python -m benchmarks.<module>` with options that
+the ranks they start as subprocesses run `python -m accordion_repro.benchmarks.<module>` with options that
 module's own parser accepts.
 """
 
@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from benchmarks import harness
+from accordion_repro.benchmarks import harness
 from conftest import REPO
 
 
@@ -31,7 +31,7 @@ STANDALONE_SCRIPTS = {"wheelhouse.py"}
 
 def test_every_script_is_the_command_line_of_a_module():
     scripts = sorted(p for p in (REPO / "scripts").glob("*.py") if p.name not in STANDALONE_SCRIPTS)
-    assert len(scripts) == 11 and len([p for p in scripts if p.name.startswith("bench_")]) == 9
+    assert len(scripts) == 12 and len([p for p in scripts if p.name.startswith("bench_")]) == 10
     for path in scripts:
         text = path.read_text()
         found = re.search(r"^from ((benchmarks|accordion_repro)(\.\w+)+) import main$", text,
@@ -43,25 +43,26 @@ def test_every_script_is_the_command_line_of_a_module():
 
 
 def test_the_package_imports_from_outside_the_repository(tmp_path):
-    done = subprocess.run([sys.executable, "-c", "import benchmarks.harness, benchmarks.ddp_step, "
-                           "benchmarks.fsdp_traffic, benchmarks.netbench.ranks"],
+    done = subprocess.run([sys.executable, "-c", "import accordion_repro.benchmarks.harness, "
+                           "accordion_repro.benchmarks.ddp_step, accordion_repro.benchmarks.fsdp_traffic, "
+                           "accordion_repro.benchmarks.netbench.ranks"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_rank_commands_run_a_module_whose_parser_takes_them(tmp_path):
-    from benchmarks import ddp_network, ddp_step, fsdp_traffic
+    from accordion_repro.benchmarks import ddp_network, ddp_step, fsdp_traffic
 
     raw = tmp_path / "raw.json"
     argv = ddp_network._rank_argv(ddp_network.parse_args(["--only", "r2", "--topk", "0.01"]),
                                   0.25, raw)
-    assert argv[:3] == [sys.executable, "-m", "benchmarks.ddp_step"]
+    assert argv[:3] == [sys.executable, "-m", "accordion_repro.benchmarks.ddp_step"]
     args = ddp_step.parse_args(argv[3:])
     assert (args.env, args.raw, args.width, args.only, args.topk, args.compute) == (
         True, raw, 0.25, ["r2"], [0.01], True)
     argv = fsdp_traffic._rank_argv(fsdp_traffic.parse_args(["--widths", "0.5", "--ranks", "2"]),
                                    raw)
-    assert argv[:3] == [sys.executable, "-m", "benchmarks.fsdp_traffic"]
+    assert argv[:3] == [sys.executable, "-m", "accordion_repro.benchmarks.fsdp_traffic"]
     args = fsdp_traffic.parse_args(argv[3:])
     assert (args.env, args.raw, args.widths, args.ranks) == (True, raw, [0.5], [2])
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.netbench.netns import NamespacePair, list_namespaces, missing_requirement
+from accordion_repro.benchmarks.netbench.netns import NamespacePair, list_namespaces, missing_requirement
 from conftest import REPO, read_metrics, read_summary
 
 MISSING = missing_requirement()

@@ -11,9 +11,9 @@ import yaml
 
 from accordion_repro.costmodel import Network, allgather_time, allreduce_time, step_comm_time
 from accordion_repro.errors import ConfigError
-from benchmarks.netbench.netns import LinkSpec, NamespacePair, missing_requirement
-from benchmarks.netbench.study import read_run, study_families
-from benchmarks.netbench.wholerun import run_time, schedule_trace, steps_at, whole_runs
+from accordion_repro.benchmarks.netbench.netns import LinkSpec, NamespacePair, missing_requirement
+from accordion_repro.benchmarks.netbench.study import read_run, study_families
+from accordion_repro.benchmarks.netbench.wholerun import run_time, schedule_trace, steps_at, whole_runs
 
 MISSING = missing_requirement()
 
@@ -122,8 +122,8 @@ def test_cost_model_predicts_the_shaped_links_all_reduce_and_all_gather(tmp_path
     shaped link (a call runs at line rate or ~1.6x slower) and on a loaded machine the mix of
     slow calls at 1 MB wanders (measured idle: within 10% in 3 of 3 tries; under the study's
     load once -18%)."""
-    from benchmarks.netbench.allreduce_probe import measure_shaped_allreduce
-    from benchmarks.netbench.bench import LinkCalibration
+    from accordion_repro.benchmarks.netbench.allreduce_probe import measure_shaped_allreduce
+    from accordion_repro.benchmarks.netbench.bench import LinkCalibration
 
     link = LinkSpec(100e6, 0.0)
     with NamespacePair("cm") as pair:
@@ -157,8 +157,8 @@ def bench_epochs(step_s, sent, *, level=None, steps=8, compute_s=0.2):
 def test_assemble_builds_every_row_from_raw_measurements(study):
     """A 100 Mbit/s link where 1 MB takes 0.08 s: the dense step (1 MB all-reduce) gains 80 ms
     over the unshaped pair, the model says so, and the whole runs follow their schedules."""
-    from benchmarks.netbench.driver import assemble
-    from benchmarks.netbench.report import markdown, off_rows
+    from accordion_repro.benchmarks.netbench.driver import assemble
+    from accordion_repro.benchmarks.netbench.report import markdown, off_rows
 
     [family] = study_families(study)
     calibration = {"bulk": probe(0.32, 1_000_000), "gather": probe(0.32), "gather_small": probe(0.02, 62_500),

@@ -16,8 +16,8 @@ import time
 import pytest
 
 from accordion_repro.errors import ConfigError
-from benchmarks.netbench import netns
-from benchmarks.netbench.netns import (
+from accordion_repro.benchmarks.netbench import netns
+from accordion_repro.benchmarks.netbench.netns import (
     PREFIX,
     LinkSpec,
     NamespacePair,
@@ -106,7 +106,7 @@ def test_cleanup_removes_only_leftovers_of_dead_owners():
 
 PARENT_SCRIPT = textwrap.dedent("""
     import sys, time
-    from benchmarks.netbench.netns import NamespacePair, teardown_on_signals
+    from accordion_repro.benchmarks.netbench.netns import NamespacePair, teardown_on_signals
     with teardown_on_signals():
         with NamespacePair("sig") as pair:
             child = pair.popen(1, ["sleep", "60"])
@@ -176,7 +176,7 @@ def test_missing_requirement_names_root_then_tc(monkeypatch):
 
 
 def test_script_stops_at_once_with_one_line_when_requirements_are_missing(monkeypatch, capsys):
-    from benchmarks import network
+    from accordion_repro.benchmarks import network
 
     monkeypatch.setattr(network, "missing_requirement", lambda: "needs `tc` on PATH")
     assert network.main([]) == 2
@@ -185,7 +185,7 @@ def test_script_stops_at_once_with_one_line_when_requirements_are_missing(monkey
 
 
 def test_units_parse_rates_and_delays():
-    from benchmarks.netbench.netns import parse_bandwidth, parse_duration
+    from accordion_repro.benchmarks.netbench.netns import parse_bandwidth, parse_duration
 
     assert parse_bandwidth("100mbit") == 100e6
     assert parse_bandwidth("1Gbit") == 1e9

@@ -20,10 +20,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from accordion_repro.run_layout import CONF_DIR
 from accordion_repro.analysis.layout import (COMPARISONS, DATASET_TITLES, FIGURES, TABLES,
                                              level_text)
 
-EXPERIMENT_DIR = Path(__file__).resolve().parents[2] / "conf" / "experiment"
+EXPERIMENT_DIR = CONF_DIR / "experiment"
 MODEL_TITLES = {"resnet18": "ResNet-18", "vgg19bn": "VGG-19bn", "senet18": "SE-ResNet-18",
                 "densenet": "DenseNet (densenet_cifar)", "googlenet": "GoogLeNet",
                 "lstm": "LSTM 3x650"}

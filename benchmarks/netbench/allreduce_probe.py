@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.netbench.netns import NamespacePair
-from benchmarks.netbench.ranks import python_argv, run_two_ranks
+from .netns import NamespacePair
+from .ranks import python_argv, run_two_ranks
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def measure_shaped_allreduce(pair: NamespacePair, *, numel: int, repeats: int, w
     buffer once across the link.
     """
     out = Path(work_dir) / f"{op}.json"
-    argv = python_argv("benchmarks.netbench.allreduce_probe", "--numel", str(numel),
+    argv = python_argv(f"{__package__}.allreduce_probe", "--numel", str(numel),
                        "--repeats", str(repeats), "--out", str(out), "--op", op)
     run_two_ranks(pair, argv, log_dir=Path(work_dir), timeout_s=timeout_s)
     return AllreduceMeasurement(**json.loads(out.read_text()))  # numel, bytes, times_s

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from accordion_repro.costmodel import Network, step_comm_time
-from benchmarks.netbench.allreduce_probe import AllreduceMeasurement, measure_shaped_allreduce
-from benchmarks.netbench.netns import LinkSpec, NamespacePair, ShapingReport
-from benchmarks.netbench.ranks import python_argv, run_two_ranks
-from benchmarks.netbench.study import Run
+from .allreduce_probe import AllreduceMeasurement, measure_shaped_allreduce
+from .netns import LinkSpec, NamespacePair, ShapingReport
+from .ranks import python_argv, run_two_ranks
+from .study import Run
 
 WORKERS = 2
 TIMED_EPOCHS = 3  # after one warm-up epoch

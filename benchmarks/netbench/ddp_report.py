@@ -16,8 +16,8 @@ from typing import Sequence
 
 from accordion_repro.costmodel import step_comm_time
 from accordion_repro.utils import atomic_write_text
-from benchmarks.netbench.bench import WORKERS, LinkCalibration
-from benchmarks.netbench.report import csv_text
+from .bench import WORKERS, LinkCalibration
+from .report import csv_text
 
 TORCH_HOOK, DENSE = "torch powerSGD_hook", "torch DDP dense"
 COLUMNS = ("link", "bandwidth_bps", "width", "arm", "median_ms", "p25_ms", "p75_ms", "iqr_ms",

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from benchmarks.netbench.bench import (LinkCalibration, StepTime, calibrate, link_calibration,
+from .bench import (LinkCalibration, StepTime, calibrate, link_calibration,
                                             link_pair, predicted_step, run_trainer, step_overrides, steps_for)
-from benchmarks.netbench.netns import LinkSpec, ShapingReport, cleanup_leftovers, teardown_on_signals
-from benchmarks.netbench.study import ACCORDION, DENSE, Family, Run, signature
-from benchmarks.netbench.wholerun import WholeRun, run_time, schedule_trace, steps_at, whole_runs
+from .netns import LinkSpec, ShapingReport, cleanup_leftovers, teardown_on_signals
+from .study import ACCORDION, DENSE, Family, Run, signature
+from .wholerun import WholeRun, run_time, schedule_trace, steps_at, whole_runs
 
 # The end-to-end check: a short Accordion run that decides every epoch (in a run this short
 # the LR decays every epoch, and the paper's "LR decays -> low compression" rule would pin it).

@@ -8,11 +8,12 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence, TypeVar
 
-from benchmarks.netbench.netns import NamespacePair, NetbenchUnavailable
+from accordion_repro.run_layout import PROJECT_ROOT as REPO
+
+from .netns import NamespacePair, NetbenchUnavailable
 
 DEFAULT_PORT = 29577
 T = TypeVar("T")
-REPO = Path(__file__).resolve().parents[2]
 
 
 class RanksFailed(RuntimeError):

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Sequence
 
 from accordion_repro.costmodel import Network
-from benchmarks.netbench.bench import predicted_step
-from benchmarks.netbench.driver import BenchmarkResult, step_why
-from benchmarks.netbench.study import STATIC_LOW, Family, signature
-from benchmarks.netbench.wholerun import whole_runs
+from .bench import predicted_step
+from .driver import BenchmarkResult, step_why
+from .study import STATIC_LOW, Family, signature
+from .wholerun import whole_runs
 from accordion_repro.utils import atomic_write_text
 
 TOLERANCE = 0.15  # the cost model's target on every row

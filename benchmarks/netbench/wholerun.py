@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from benchmarks.netbench.study import STATIC_HIGH, STATIC_LOW, Family, Run, signature
+from .study import STATIC_HIGH, STATIC_LOW, Family, Run, signature
 
 
 def _bytes_per_step(run: Run) -> float:

@@ -485,7 +485,7 @@ class TwoNodeSlurmCluster(SlurmCluster):
     NODE = "nodea"
 
     def __init__(self, directory: Path):
-        from benchmarks.netbench.netns import NamespacePair
+        from accordion_repro.benchmarks.netbench.netns import NamespacePair
 
         super().__init__(directory)
         self.pair = NamespacePair("slurm")
@@ -562,7 +562,7 @@ class TwoNodeSlurmCluster(SlurmCluster):
             self.pair.teardown()
 
     def system_changes(self) -> list[str]:
-        from benchmarks.netbench.netns import list_namespaces
+        from accordion_repro.benchmarks.netbench.netns import list_namespaces
 
         left = [f"namespace {ns} (and its veth end) left" for ns in self.pair.namespaces
                 if ns in list_namespaces()]
@@ -585,7 +585,7 @@ def _running_cluster(cls: type[SlurmCluster]):
         pytest.skip("the Slurm tests need root: they may apt-get install slurm-wlm and munge, "
                     "and slurmd runs jobs as root")
     if cls is TwoNodeSlurmCluster:
-        from benchmarks.netbench.netns import missing_requirement
+        from accordion_repro.benchmarks.netbench.netns import missing_requirement
 
         missing = missing_requirement()
         if missing:
