@@ -30,7 +30,7 @@ def test_importing_config_imports_no_engine_module():
 FLOORS = [
     {"errors"},
     {"options", "utils", "transfer", "env", "torch_apis", "costmodel", "run_layout"},
-    {"run_settings", "runlog", "forkserver_guard", "models", "data", "comm"},
+    {"run_settings", "runlog", "forkserver_guard", "compare_runs", "models", "data", "comm"},
     {"accordion"},
     {"ddp", "engine"},
     {"settings"},
