@@ -32,21 +32,18 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from .accordion import SCHEDULES, DetectorSettings, Plan, build_schedule
-from .accordion.controller import EpochDecision
+from .accordion.controller import AdaptController
 from .comm.registry import COMPRESSORS, level_kind, level_option
 from .comm.ddp_hook import AccordionHookState, accordion_hook, check_agreement
 from .comm.fsdp import FSDPReducerState, is_fsdp_model
 from .comm.stats import CommStats
-from .errors import ConfigError
+from .errors import AccordionWarning, ConfigError
 from .options import Options, defaults_of, is_real
 
 _STATE_VERSION = 1
 DETECTOR_OPTIONS = tuple(f.name for f in fields(DetectorSettings))
 
 
-class AccordionWarning(UserWarning):
-    """A setting Accordion accepts but that defeats its purpose (a Top-K level that sends more
-    than no compression)."""
 
 
 def _compressor_options(compressor: str, level: str) -> list[str]:
@@ -173,7 +170,7 @@ class AdaptiveCompression:
                                                 async_op=async_op, check_levels=False,
                                                 **start)
             world_size = dist.get_world_size(group)
-            self.schedule = build_schedule(
+            schedule = build_schedule(
                 self.SCHEDULE, num_layers=len(self.state.layer_names), compressor=compressor,
                 default_level=start[option], base_global_batch=None, world_size=world_size,
                 total_epochs=total_epochs, layer_shapes=self.state.reducer.matrix_shapes,
@@ -187,21 +184,19 @@ class AdaptiveCompression:
         if compressor == "topk" and self.rank == 0:
             _warn_above_break_even({k: v for k, v in schedule_options.items()
                                     if k in ("low", "high")}, world_size)
-        # Rank 0's local gradients decide, as in the paper's code; the other ranks skip the sums.
-        self.detector = self.schedule.make_detector() if self.rank == 0 else None
-        if self.detector is not None:
-            self.detector.prepare(self.state.layer_params)
-            self.state.detector = self.detector
-        self.plan: Plan = self.schedule.initial_plan()
-        self.state.set_levels(self.plan.levels)
-        self.report: dict | None = None
-        self._group = group
-        self._fired_at: int | None = None  # the last epoch whose LR drop made all layers critical
-        self._warned_continuous = False
         # The level check and rank 0's decision travel as CPU tensors on a gloo group over
         # the same ranks (comm/collectives.py control_group): no GPU sync, no current device.
         self._control = self.state.reducer.comm.control()
-        self._decide = EpochDecision(self.schedule, self.detector, group=self._control, src=self._src)
+        # Rank 0's local gradients decide, as in the paper's code; the other ranks skip the sums.
+        self.adapt = AdaptController(schedule, rank=self.rank, group=self._control, src=self._src,
+                                     lr_drop=self.lr_drop, filter_lr_drops=True,
+                                     name=type(self).__name__)
+        if self.detector is not None:
+            self.detector.prepare(self.state.layer_params)
+            self.state.detector = self.detector
+        self.state.set_levels(self.plan.levels)
+        self.report: dict | None = None
+        self._group = group
         if not fsdp:  # an FSDP state has set each unit's custom reduce-scatter already
             ddp_model.register_comm_hook(self.state, accordion_hook)
         setattr(ddp_model, ATTACHED, who)
@@ -228,6 +223,21 @@ class AdaptiveCompression:
             check_agreement(self.state.reducer)
 
     # ---- what users read ------------------------------------------------------------------
+    @property
+    def schedule(self):
+        """The schedule (accordion.SCHEDULES[self.SCHEDULE]) that plans each epoch's levels."""
+        return self.adapt.schedule
+
+    @property
+    def detector(self):
+        """Rank 0's critical-regime detector (None on the other ranks and without one)."""
+        return self.adapt.detector
+
+    @property
+    def plan(self) -> Plan:
+        """The plan in force: each layer's level (and batch scale) until the next end_epoch."""
+        return self.adapt.plan
+
     @property
     def layer_names(self) -> list[str]:
         """The compressible parameters (2 or more dimensions), in the order of `levels`."""
@@ -267,41 +277,11 @@ class AdaptiveCompression:
                                 f"({type(value).__name__})")
         if self.check_levels:  # every rank is here, at the same epoch (one line if not)
             check_agreement(self.state.reducer, ending_epoch=epoch)
-        # A drop below lr_decay_rule's threshold is not shown to the detector as a decay.
-        shown_next = lr_next
-        if "lr_decay_rule" in self.schedule.options():
-            shown_next = lr_next if self._counts_as_decay(lr_now, lr_next) else lr_now
-        self.plan, report = self._decide(epoch, lr_now, shown_next)
-        if self.detector is not None and self.lr_drop is not None:
-            self._warn_if_continuous(epoch, lr_now, lr_next)
+        report = self.adapt.end_epoch(epoch, lr_now, lr_next)
         self.state.set_levels(self.plan.levels)
         self.report = {**report, "uncompressed_layers": self.uncompressed_layers,
                        "error_memory_bytes": self.state.reducer.memory_bytes()}
         return self.plan
-
-    def _counts_as_decay(self, lr_now: float, lr_next: float) -> bool:
-        """lr_decay_rule=True: any drop; a number: a relative drop of at least that much."""
-        if self.lr_drop is None or not lr_next < lr_now:
-            return False
-        return self.lr_drop == 0.0 or lr_now > 0 and (lr_now - lr_next) / lr_now >= self.lr_drop
-
-    def _warn_if_continuous(self, epoch: int, lr_now: float, lr_next: float) -> None:
-        """Rank 0, once: the rule fired at two epochs in a row. A step schedule decays a few
-        times in a run; a continuous one (cosine, exponential, linear) lowers the LR every
-        epoch, and with lr_decay_rule=True every layer would stay at `low` for good."""
-        if not self.detector.report.get("lr_rule_fired"):
-            return
-        if self._fired_at == epoch - 1 and self.lr_drop == 0.0 and not self._warned_continuous:
-            self._warned_continuous = True
-            warnings.warn(
-                f"{type(self).__name__}: the LR dropped at the end of epochs {epoch - 1} and "
-                f"{epoch} (now {lr_now:.4g} -> {lr_next:.4g}, "
-                f"{100 * (lr_now - lr_next) / lr_now:.2g} %): "
-                "lr_decay_rule=True counts every drop as a decay and holds every layer at low "
-                "in the epoch after it, so a continuous schedule (cosine, exponential, linear) "
-                "never compresses at high; pass lr_decay_rule=0.5 (a drop of half or more "
-                "counts) or False", AccordionWarning, stacklevel=3)
-        self._fired_at = epoch
 
     # ---- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -311,9 +291,7 @@ class AdaptiveCompression:
         detector (epoch sums and history), the schedule and the plan in force.
         """
         return {"version": _STATE_VERSION, "rank": self.rank,
-                "reducer": self.state.reducer.state_dict(),
-                "detector": None if self.detector is None else self.detector.state_dict(),
-                "schedule": self.schedule.state_dict(), "plan": self.plan.to_dict(),
+                "reducer": self.state.reducer.state_dict(), **self.adapt.state_dict(),
                 "report": self.report}
 
     def load_state_dict(self, state: dict) -> None:
@@ -324,11 +302,9 @@ class AdaptiveCompression:
             raise ValueError(f"this state was saved by rank {state['rank']}, not rank "
                              f"{self.rank}: each rank loads its own (error memory differs)")
         self.state.reducer.load_state_dict(state["reducer"])
+        self.adapt.load_state_dict(state)
         if self.detector is not None:
-            self.detector.load_state_dict(state["detector"])
             self.detector.prepare(self.state.layer_params)  # back onto the parameters' device
-        self.schedule.load_state_dict(state["schedule"])
-        self.plan = Plan.from_dict(state["plan"])
         self.report = state["report"]
 
     # ---- manual control -------------------------------------------------------------------

@@ -18,6 +18,11 @@ class ConfigWarning(UserWarning):
     once, as one line, before the ranks start; the ranks do not repeat it."""
 
 
+class AccordionWarning(UserWarning):
+    """A setting Accordion accepts but that defeats its purpose (a Top-K level that sends more
+    than no compression, an LR rule that fires every epoch)."""
+
+
 class DatasetMissingError(FileNotFoundError):
     """The dataset files are not where the config says; the message says how to get them."""
 

@@ -59,7 +59,7 @@ def _trainer_path_worker(rank, example_file):
     into rank 0's detector, reducer.reduce, optimizer.step; rank 0's measurement broadcast."""
     from accordion_repro.accordion import build_schedule
     from accordion_repro.comm import build_reducer
-    from accordion_repro.accordion.controller import EpochDecision
+    from accordion_repro.accordion.controller import AdaptController
 
     spec = importlib.util.spec_from_file_location("readme_example", example_file)
     example = importlib.util.module_from_spec(spec)
@@ -71,8 +71,8 @@ def _trainer_path_worker(rank, example_file):
     schedule = build_schedule("accordion", num_layers=len(compressible), compressor="powersgd",
                               default_level=2, base_global_batch=None, world_size=2, low=2,
                               high=1, eta=0.5, interval=1, lr_decay_rule=True, statistic="mean")
-    detector = schedule.make_detector() if rank == 0 else None
-    decide = EpochDecision(schedule, detector)  # as engine/trainer.py decides
+    adapt = AdaptController(schedule, rank=rank)  # as engine/trainer.py decides
+    detector = adapt.detector
     averaged = schedule.make_detector() if rank == 0 else None  # the README's old advice
     plan = schedule.initial_plan()
     optimizer = torch.optim.SGD(params, lr=example.lr_at(0), momentum=0.9)
@@ -92,7 +92,8 @@ def _trainer_path_worker(rank, example_file):
                 averaged.accumulate([grads[i] for i in compressible])
             optimizer.step()
         lrs = example.lr_at(epoch), example.lr_at(epoch + 1)
-        plan, report = decide(epoch, *lrs)
+        report = adapt.end_epoch(epoch, *lrs)
+        plan = adapt.plan
         if averaged is not None:
             averaged.end_epoch(epoch, *lrs)
             reports.append(report)
@@ -173,7 +174,7 @@ def _accordion_vs_trainer_worker(rank):
     from accordion_repro.accordion import build_schedule
     from accordion_repro.comm import build_reducer
     from accordion_repro.ddp import Accordion
-    from accordion_repro.accordion.controller import EpochDecision
+    from accordion_repro.accordion.controller import AdaptController
 
     results = {}
     # eta=10: no ratio reaches it, so epoch 1's check sends every layer to `high` (a switch).
@@ -198,9 +199,8 @@ def _accordion_vs_trainer_worker(rank):
                                           base_global_batch=None, world_size=2, low=low,
                                           high=high, eta=10.0, interval=1, lr_decay_rule=True,
                                           statistic="mean")
-                detector = schedule.make_detector() if rank == 0 else None
-                decide = EpochDecision(schedule, detector)  # as engine/trainer.py decides
-                plan = schedule.initial_plan()
+                adapt = AdaptController(schedule, rank=rank)  # as engine/trainer.py decides
+                detector, plan = adapt.detector, adapt.plan
             trace, levels = [], []
             for epoch in range(3):
                 for _ in range(2):
@@ -217,7 +217,8 @@ def _accordion_vs_trainer_worker(rank):
                 if path == "accordion":
                     levels.append(acc.end_epoch(epoch, 0.1, 0.1).levels)
                 else:
-                    plan, _ = decide(epoch, 0.1, 0.1)
+                    adapt.end_epoch(epoch, 0.1, 0.1)
+                    plan = adapt.plan
                     levels.append(plan.levels)
             out[path] = (trace, levels)
         results[name] = out

@@ -72,7 +72,7 @@ def test_joint_schedule_drives_levels_and_batch_from_one_detector(tmp_path, rank
 
 def _decide(rank: int, port: int, out) -> None:
     from accordion_repro.accordion import build_schedule
-    from accordion_repro.accordion.controller import EpochDecision
+    from accordion_repro.accordion.controller import AdaptController
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
@@ -83,14 +83,16 @@ def _decide(rank: int, port: int, out) -> None:
                               eta=0.5, lr_decay_rule=True, statistic="mean")
 
     applied_schedule, local = schedule(), schedule()
-    detector, local_detector = applied_schedule.make_detector(), local.make_detector()
-    decide = EpochDecision(applied_schedule, detector)  # as the trainer decides
+    adapt = AdaptController(applied_schedule, rank=rank)  # as the trainer decides
+    detector, local_detector = adapt.detector, local.make_detector()
     for epoch, scale in enumerate([1.0, 1.0 if rank == 0 else 5.0]):  # rank 1's norms jump
         grads = [torch.full((4, 4), scale), torch.full((4, 4), scale)]
-        detector.accumulate(grads)
+        if detector is not None:  # rank 0's alone, as in the trainer
+            detector.accumulate(grads)
         local_detector.accumulate(grads)
         own = local.on_epoch_end(epoch, local_detector.end_epoch(epoch, 0.1, 0.1))
-        applied, _ = decide(epoch, 0.1, 0.1)
+        adapt.end_epoch(epoch, 0.1, 0.1)
+        applied = adapt.plan
     out.put((rank, own.levels, applied.levels))
     dist.destroy_process_group()
 

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from accordion_repro.accordion import Plan, build_schedule
-from accordion_repro.accordion.controller import EpochDecision
+from accordion_repro.accordion.controller import AdaptController
 from accordion_repro.comm import build_reducer
 from accordion_repro.comm.config import level_of
 from accordion_repro.comm.collectives import control_group
@@ -124,13 +124,15 @@ class Trainer:
                         else build_reducer(run.compressor, self.params))
         self.compressible = [i for i, c in enumerate(self.reducer.compressible) if c]
 
-        self.schedule = build_schedule(
+        schedule = build_schedule(
             run.schedule_name, num_layers=len(self.compressible), compressor=run.compressor_name,
             default_level=level_of(run.compressor),
             base_global_batch=t.batch_size * self.world_size, world_size=self.world_size,
             total_epochs=t.epochs, layer_shapes=self.reducer.matrix_shapes, settings=run.schedule)
-        self.detector = self.schedule.make_detector() if self.rank == 0 else None
-        self.plan: Plan = self.schedule.initial_plan()
+        # Stop requests and rank 0's plan go on the CPU (gloo): NCCL runs pay no GPU sync.
+        self._control_group = control_group() if _distributed() else None
+        # the schedule, rank 0's detector and the plan, as the own-code objects hold them
+        self.adapt = AdaptController(schedule, rank=self.rank, group=self._control_group)
 
         self.task = build_task(self.bundle, run, rank=self.rank, world_size=self.world_size,
                                device=self.device)
@@ -139,9 +141,6 @@ class Trainer:
             self.epoch_lr = build_epoch_lr(self.optim, total_epochs=t.epochs,
                                            world_size=self.world_size, batch_size=t.batch_size)
         self.optimizer = build_optimizer(self.optim, self.params, lr=self.epoch_lr(0))
-        # Stop requests and rank 0's plan go on the CPU (gloo): NCCL runs pay no GPU sync.
-        self._control_group = control_group() if _distributed() else None
-        self._decide = EpochDecision(self.schedule, self.detector, group=self._control_group)
         self.start_epoch = 0
         self.config_change = run.config_change
         self.wandb_id = None
@@ -156,6 +155,20 @@ class Trainer:
             self.run_dir, config=run.resolved, wandb=run.wandb,
             wandb_id=self.wandb_id) if self.rank == 0 else NullRunLogger()
         self.logger.truncate_from(self.start_epoch)
+
+    @property
+    def schedule(self):
+        return self.adapt.schedule
+
+    @property
+    def detector(self):
+        """Rank 0's detector (None elsewhere and without one)."""
+        return self.adapt.detector
+
+    @property
+    def plan(self) -> Plan:
+        """The plan in force this epoch."""
+        return self.adapt.plan
 
     # ----------------------------------------------------------------------------------- set-up
     def _broadcast_model(self) -> None:
@@ -180,12 +193,9 @@ class Trainer:
             self.optimizer.load_state_dict(shared["optimizer"])
         for group, values in zip(self.optimizer.param_groups, hyper):
             group.update(values)
-        self.schedule.load_state_dict(shared["schedule"])
-        if self.detector is not None and shared.get("detector") is not None:
-            self.detector.load_state_dict(shared["detector"], strict=not self.config_change)
-        self.plan = shared["plan"]
-        if self.config_change:  # the first resumed epoch runs the new settings' plan
-            self.plan = self.schedule.replan(int(shared["epoch"]) + 1)
+        # with an allowed config change the first resumed epoch runs the new settings' plan
+        self.adapt.load_state_dict(shared, strict=not self.config_change,
+                                   replan_from=int(shared["epoch"]) + 1 if self.config_change else None)
         if self.scaler is not None:
             self.scaler.load_state_dict(shared["loss_scale"])
         self.start_epoch = int(shared["epoch"]) + 1
@@ -203,9 +213,8 @@ class Trainer:
             model_state, optimizer_state = self.model.state_dict(), self.optimizer.state_dict()
         if self.rank == 0:
             shared = {"epoch": epoch, "model": model_state,
-                      "optimizer": optimizer_state, "schedule": self.schedule.state_dict(),
-                      "detector": self.detector.state_dict() if self.detector is not None else None,
-                      "plan": self.plan, "wandb_id": self.logger.wandb_id, "totals": self.totals,
+                      "optimizer": optimizer_state, **self.adapt.state_dict(),
+                      "wandb_id": self.logger.wandb_id, "totals": self.totals,
                       "metric_lines": self.metric_lines,
                       "loss_scale": None if self.scaler is None else self.scaler.state_dict(),
                       "config": self.run.resolved}
@@ -444,7 +453,7 @@ class Trainer:
         decision taken at its end (how many layers are critical, the detector's norms).
         """
         used = self.schedule.info()
-        self.plan, report = self._decide(epoch, self.epoch_lr(epoch), self.epoch_lr(epoch + 1))
+        report = self.adapt.end_epoch(epoch, self.epoch_lr(epoch), self.epoch_lr(epoch + 1))
         if self.rank != 0:
             return {}
         decided = self.schedule.info()
