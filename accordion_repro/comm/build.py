@@ -13,10 +13,12 @@ from ..options import Settings
 from ..options import require_settings
 from .config import name_of, validate_compressor
 from .powersgd import PowerSGDReducer
+from .precision import PrecisionReducer
 from .topk import TopKReducer
 
 _REDUCERS = {"none": DenseReducer, "powersgd": PowerSGDReducer,
-             "acp_powersgd": ACPPowerSGDReducer, "topk": TopKReducer}
+             "acp_powersgd": ACPPowerSGDReducer, "topk": TopKReducer,
+             "precision": PrecisionReducer}
 
 
 def build_reducer(compressor, params: Sequence[torch.Tensor], *, group=None, **options) -> Reducer:
