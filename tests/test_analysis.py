@@ -289,7 +289,8 @@ def test_missing_tables_list_presets_and_commands(tmp_path):
     assert any(issubclass(w.category, MissingFigureWarning) and "fig9/vgg19bn_rank4" in
                str(w.message) for w in caught)
     assert set(written) == ({f"table{i}" for i in range(1, 7)}
-                            | {"fig2_paired", "table1_paired", "table3_paired", "successors"})
+                            | {"fig2_paired", "table1_paired", "table3_paired", "successors",
+                               "precision"})
     markdown = (tmp_path / "out/tables/table4.md").read_text()
     assert markdown.splitlines()[0].startswith("Table 4") and "no runs yet" in markdown
     for cell in TABLES["table4"].cells:

@@ -442,3 +442,44 @@ def test_bf16_with_fp32_sums_beats_the_bf16_ring_sum_at_4_ranks(four_ranks):
     hook = errors[("bf16_compress_hook", False)]
     assert errors[("bf16", False)] < 0.85 * hook, errors  # measured: 0.75 of it
     assert errors[("bf16", True)] < 2 * hook, errors  # unbiased, a wider error per value
+
+
+# ---- the trainer: each preset on 2 ranks, stopped and resumed ----------------------------------
+CLI_BASE = ["scale=cpu", "dataset=synthetic_cifar10", "dataset.train_size=64",
+            "dataset.test_size=16", "dataset.subset=null", "model.width=0.125",
+            "logger.wandb.mode=disabled", "trainer.progress=never", "trainer.batch_size=8",
+            "trainer.eval_batch_size=16", "trainer.max_steps_per_epoch=2",
+            "trainer.max_eval_steps=1", "dist.nproc_per_node=2", "trainer.epochs=4",
+            "schedule.interval=1", "schedule.lr_decay_rule=false"]
+TIMING = {"epoch_time_s", "compute_time_s", "comm_time_s"}
+
+
+def _cli(run_dir, *overrides):
+    from conftest import REPO
+    from harness.forked_cli import run_cli
+
+    out = run_cli([*CLI_BASE, *overrides, f"hydra.run.dir={run_dir}"], cwd=REPO, timeout=240)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+
+
+@pytest.mark.slow
+@distributed
+@pytest.mark.parametrize("preset, options", [
+    ("precision/resnet18_accordion_fp32_fp8", []),
+    ("precision/resnet18_accordion_bf16_fp8", ["compressor.stochastic_rounding=true"])])
+def test_each_preset_trains_on_2_ranks_and_resumes_to_identical_metrics(preset, options,
+                                                                        tmp_path):
+    from conftest import read_metrics, read_summary
+
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    _cli(whole, f"experiment={preset}", *options)
+    _cli(stopped, f"experiment={preset}", *options, "trainer.stop_after_epoch=1")
+    assert read_summary(stopped)["status"] == "stopped"
+    _cli(stopped, f"experiment={preset}", *options)
+    assert read_summary(stopped)["status"] == "completed"
+    metrics = read_metrics(whole)
+    assert [{k: v for k, v in m.items() if k not in TIMING} for m in metrics] == \
+        [{k: v for k, v in m.items() if k not in TIMING} for m in read_metrics(stopped)]
+    assert "8" in metrics[-1]["levels"]  # the last epochs send fp8: what the resume replays
+    dense_floats = metrics[0]["floats_sent"]  # epoch 0 is all at low: fp32 or bf16
+    assert metrics[-1]["floats_sent"] < dense_floats
