@@ -362,6 +362,17 @@ def _bound_worker(rank):
     return out
 
 
+def _scale_term(x, fmt, tiny, block):
+    """(W, p) pieces -> the subnormal term of each value: its block's scale s times `tiny`."""
+    if fmt.max is None:
+        return torch.zeros_like(x)
+    w, p = x.shape
+    blocks = math.ceil(p / block)
+    padded = torch.nn.functional.pad(x.abs(), (0, blocks * block - p)).view(w, blocks, block)
+    scales = padded.amax(2, keepdim=True) / fmt.max
+    return (scales.expand_as(padded) * tiny).reshape(w, -1)[:, :p]
+
+
 def _stated_bound(name, stochastic, block=64):
     """The elementwise bound docs/compressors.md states: the first rounding (each rank's, at most
     u |x_r| + the subnormal spacing term s_r 2^(e_min - m - 1) for round to nearest, twice that
@@ -374,14 +385,8 @@ def _stated_bound(name, stochastic, block=64):
                                                 - (0 if stochastic else 1))
     per_rank = [local_gradients(r) for r in range(WORLD4)]
 
-    def scale_term(x):  # (W, p) pieces -> the subnormal term of each value, s 2^(...)
-        if fmt.max is None:
-            return torch.zeros_like(x)
-        w, p = x.shape
-        blocks = math.ceil(p / block)
-        padded = torch.nn.functional.pad(x.abs(), (0, blocks * block - p)).view(w, blocks, block)
-        scales = padded.amax(2, keepdim=True) / fmt.max
-        return (scales.expand_as(padded) * tiny).reshape(w, -1)[:, :p]
+    def scale_term(x):
+        return _scale_term(x, fmt, tiny, block)
 
     bounds, means = [], []
     for j, shape in enumerate(BOUND_SHAPES):
@@ -483,3 +488,112 @@ def test_each_preset_trains_on_2_ranks_and_resumes_to_identical_metrics(preset, 
     assert "8" in metrics[-1]["levels"]  # the last epochs send fp8: what the resume replays
     dense_floats = metrics[0]["floats_sent"]  # epoch 0 is all at low: fp32 or bf16
     assert metrics[-1]["floats_sent"] < dense_floats
+
+
+# ---- FSDP2: the custom reduce-scatter, 2 gloo ranks ---------------------------------------------
+FSDP_SHAPES = [(48, 3, 3, 3), (96, 200), (7, 30), (10,)]  # (7, 30): FSDP pads a row
+
+
+class _GivenFSDP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weights = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(s))
+                                              for s in FSDP_SHAPES)
+
+    def forward(self, *targets):
+        return sum((p * t).sum() for p, t in zip(self.weights, targets))
+
+
+def fsdp_gradients(rank):
+    gen = torch.Generator().manual_seed(9000 + rank)
+    return [torch.randn(s, generator=gen) * torch.logspace(-3, 3, s[0]).view(-1, *[1] * (len(s) - 1))
+            for s in FSDP_SHAPES]
+
+
+def _fsdp_worker(rank):
+    import copy
+
+    from torch.distributed.fsdp import fully_shard
+
+    from accordion_repro.comm.fsdp import FSDPReducerState
+    from test_fsdp import _train
+
+    out = {"plain": _train("fsdp")[0]}
+    out["fp32"] = _train("fsdp", "precision", levels=lambda acc: [32] * len(acc.levels))
+    saved = copy.deepcopy(_train("fsdp", "precision", epochs=3, stop=2))
+    out["straight"] = _train("fsdp", "precision", epochs=3)
+    out["resumed"] = _train("fsdp", "precision", epochs=3, start=saved)
+    for fmt, bits in (("bf16", 16), ("e4m3", 8)):
+        model = fully_shard(_GivenFSDP())
+        state = FSDPReducerState(model, "precision", bits=bits, block_size=64)
+        model(*fsdp_gradients(rank)).backward()
+        out[fmt] = ([p.grad.full_tensor() for p in model.weights], state.pop_stats(),
+                    state.reducer.memory_bytes())
+    return out
+
+
+@pytest.fixture(scope="module")
+def fsdp_ranks(tmp_path_factory):
+    return run_workers(_fsdp_worker, tmp_path_factory.mktemp("precision_fsdp"), timeout=300)
+
+
+@pytest.mark.slow
+@distributed
+def test_the_fp32_level_is_plain_fsdp_bit_for_bit(fsdp_ranks):
+    from test_fsdp import _same
+
+    for out in fsdp_ranks:
+        params, history = out["fp32"]
+        assert _same(params, out["plain"])
+        stats = history[0]["stats"]
+        assert stats.bytes_sent == stats.fsdp_reduce_scatter_bytes  # the same reduce-scatter
+
+
+@pytest.mark.slow
+@distributed
+def test_fsdp_reduce_scatters_in_low_precision_with_one_rounding_and_resumes_exactly(fsdp_ranks):
+    """qgZ under FSDP2: an all-to-all of each rank's bf16/fp8 chunks (FSDP's own layout) and an
+    fp32 sum, no all-gather: each value is rounded once, within the first half of the bound the
+    DDP path states; the bytes are the all-to-all's; a resumed run (stochastic rounding) is the
+    run straight."""
+    from test_fsdp import _same
+
+    world = 2
+    per_rank = [fsdp_gradients(r) for r in range(world)]
+    for fmt, bits in (("bf16", 16), ("e4m3", 8)):
+        spec = FORMATS[fmt]
+        u = spec.unit_roundoff(False)
+        tiny = 0.0 if spec.max is None else 2.0 ** (spec.min_exponent - spec.mantissa - 1)
+        expected_a2a = 0
+        for j, shape in enumerate(FSDP_SHAPES):
+            xs = [g[j].double() for g in per_rank]
+            mean = sum(xs) / world
+            got = fsdp_ranks[0][fmt][0][j].double()
+            assert torch.equal(got, fsdp_ranks[1][fmt][0][j].double())
+            if len(shape) < 2:
+                assert torch.equal(got, mean.float().double())  # dense, exact at 2 ranks
+                continue
+            rows = -(-shape[0] // world)  # FSDP's chunk: rows padded to a multiple of the ranks
+            p = rows * math.prod(shape[1:])
+            expected_a2a += world * 4 * (math.ceil(p * bits / 32)
+                                         + (math.ceil(p / 64) if bits == 8 else 0))
+            bound = 2.0 ** -20 * sum(x.abs() for x in xs) / world
+            for x in xs:  # one rounding per value, by the rank that sent it, then averaged
+                pieces = torch.nn.functional.pad(x.reshape(-1), (0, world * p - x.numel()))
+                scale = _scale_term(pieces.view(world, p), spec, tiny, 64)
+                bound = bound + (u * x.abs() + scale.reshape(-1)[:x.numel()].view_as(x)) / world
+            assert ((got - mean).abs() <= bound).all(), (fmt, shape)
+        for out in fsdp_ranks:
+            _, stats, memory = out[fmt]
+            dense = 4 * world * 5  # the 1-D tensor's reduce-scatter: 2 chunks of 5
+            assert stats.bytes_sent == dense + expected_a2a and stats.allgathers == 0
+            assert stats.collectives == 2 and memory == 0
+            ratio = stats.bytes_sent / stats.fsdp_reduce_scatter_bytes
+            assert ratio < (0.51 if bits == 16 else 0.27), ratio
+    for out in fsdp_ranks:
+        straight, straight_history = out["straight"]
+        resumed, resumed_history = out["resumed"]
+        assert {8, 16} & set(straight_history[-1]["levels"])
+        assert _same(straight, resumed)
+        assert straight_history[-1]["levels"] == resumed_history[-1]["levels"]
+        assert straight_history[-1]["report"]["error_memory_bytes"] == 0

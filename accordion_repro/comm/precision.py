@@ -142,17 +142,15 @@ def decode(values: torch.Tensor, scales: torch.Tensor | None, block_size: int) -
 
 class _WireLayout:
     """Where each layer's piece sits in a row of the step's byte buffer (module docstring):
-    per layer, (layer, fmt, p, value byte offset, value bytes, scale byte offset, scales)."""
+    per layer, (layer, fmt, p, value byte offset, value bytes, scale byte offset, scales).
+    `items`: (layer, level, p) in layer order."""
 
-    def __init__(self, items, formats: dict[int, WireFormat], numels, world_size: int,
-                 block_size: int):
+    def __init__(self, items, formats: dict[int, WireFormat], block_size: int):
         self.entries = []
         offset = 0
-        for layer, level in items:
-            fmt = formats[level]
-            p = piece_size(numels[layer], world_size)
+        for layer, level, p in items:
             value_words, scale_words = piece_words(p, level, block_size)
-            self.entries.append((layer, fmt, p, offset, 4 * value_words,
+            self.entries.append((layer, formats[level], p, offset, 4 * value_words,
                                  offset + 4 * value_words, scale_words))
             offset += 4 * (value_words + scale_words)
         self.row_bytes = offset
@@ -165,6 +163,7 @@ def _field(rows: torch.Tensor, start: int, length: int, dtype: torch.dtype) -> t
 
 class PrecisionReducer(Reducer):
     name = "precision"
+    REDUCE_SCATTERS = True
 
     def __init__(self, params: Sequence[torch.Tensor], *, bits: int | None, fp8_format: str,
                  block_size: int, stochastic_rounding: bool, seed: int, group=None):
@@ -191,13 +190,11 @@ class PrecisionReducer(Reducer):
         p = piece_size(self.numels[self.tensor_of_layer[layer]], world)
         return world * sum(piece_words(p, level, self.block_size))
 
-    def _layout(self, items: tuple[tuple[int, int], ...]) -> _WireLayout:
+    def _layout(self, items: tuple[tuple[int, int, int], ...]) -> _WireLayout:
         if items not in self._layouts:
             if len(self._layouts) > 64:  # level patterns come and go; keep the cache small
                 self._layouts.clear()
-            numels = [self.numels[i] for i in self.tensor_of_layer]
-            self._layouts[items] = _WireLayout(items, self.formats, numels,
-                                               self.comm.world_size, self.block_size)
+            self._layouts[items] = _WireLayout(items, self.formats, self.block_size)
         return self._layouts[items]
 
     def _noise(self, layer: int, fmt: WireFormat, rows: int, p: int, stage: int):
@@ -227,34 +224,53 @@ class PrecisionReducer(Reducer):
         scales = _field(rows, scale_at, 4 * scale_words, torch.float32) if scale_words else None
         return decode(values, scales, self.block_size)
 
-    def _compressed_steps(self, items: list[tuple[int, torch.Tensor]], stats: CommStats,
-                          carried: Sequence[torch.Tensor] = ()):
-        items = sorted(items, key=lambda item: item[0])
-        layout = self._layout(tuple((layer, self.levels[layer]) for layer, _ in items))
-        world, rank = self.comm.world_size, self.comm.rank
+    def _scatter_steps(self, pieces: list[tuple[int, torch.Tensor]], stats: CommStats):
+        """The reduce-scatter half: `pieces` are (layer, (W, p) rows of its local gradient), in
+        layer order; row j goes to rank j. Yields once with the all-to-all's handles (when it
+        sent anything), then returns (layout, this rank's fp32 mean piece of each layer)."""
+        layout = self._layout(tuple((layer, self.levels[layer], rows.shape[1])
+                                    for layer, rows in pieces))
+        world = self.comm.world_size
         # zeros: the padding bytes are sent too, and the same on every run
         send = torch.zeros((world, layout.row_bytes), dtype=torch.uint8, device=self.device)
-        for (layer, grad), entry in zip(items, layout.entries):
+        for (layer, rows), entry in zip(pieces, layout.entries):
             fmt, p = entry[1], entry[2]
-            flat = grad.view(-1)
-            rows = F.pad(flat, (0, world * p - flat.numel())).view(world, p)
             self._write(send, entry, *encode(rows, fmt, self.block_size,
                                              self._noise(layer, fmt, world, p, 0)))
         received, handles = self.comm.all_to_all_async(send, stats)
         if handles:
-            yield handles, False
+            yield handles
+        means = []
+        for entry in layout.entries:
+            parts = self._read(received, entry)  # row r: rank r's piece of this rank's part
+            total = parts[0].clone()
+            for part in parts[1:]:  # fp32, in rank order
+                total.add_(part)
+            means.append(total.div_(world))
+        return layout, means
+
+    def _compressed_steps(self, items: list[tuple[int, torch.Tensor]], stats: CommStats,
+                          carried: Sequence[torch.Tensor] = ()):
+        """All-to-all of the pieces, fp32 means, then the all-gather of the re-encoded means."""
+        items = sorted(items, key=lambda item: item[0])
+        world, rank = self.comm.world_size, self.comm.rank
+        pieces = []
+        for layer, grad in items:
+            flat = grad.view(-1)
+            p = piece_size(flat.numel(), world)
+            pieces.append((layer, F.pad(flat, (0, world * p - flat.numel())).view(world, p)))
+        scatter = self._scatter_steps(pieces, stats)
+        try:
+            while True:
+                yield next(scatter), False
+        except StopIteration as done:
+            layout, means = done.value
 
         gathered = torch.zeros(world * layout.row_bytes, dtype=torch.uint8, device=self.device)
         mine = gathered.view(world, layout.row_bytes)[rank:rank + 1]
-        for (layer, _), entry in zip(items, layout.entries):
-            fmt, p = entry[1], entry[2]
-            pieces = self._read(received, entry)  # row r: rank r's piece of this rank's part
-            total = pieces[0].clone()
-            for piece in pieces[1:]:  # fp32, in rank order
-                total.add_(piece)
-            mean = total.div_(world).unsqueeze(0)
-            self._write(mine, entry, *encode(mean, fmt, self.block_size,
-                                             self._noise(layer, fmt, 1, p, 1)))
+        for (layer, _), entry, mean in zip(items, layout.entries, means):
+            self._write(mine, entry, *encode(mean.unsqueeze(0), entry[1], self.block_size,
+                                             self._noise(layer, entry[1], 1, entry[2], 1)))
         rows, handles = self.comm.all_gather_async(mine.view(-1), stats, out=gathered)
         yield handles, True
 
@@ -262,6 +278,28 @@ class PrecisionReducer(Reducer):
             flat = grad.view(-1)
             flat.copy_(self._read(rows, entry).reshape(-1)[:flat.numel()])
             self.rounds[layer] += 1
+
+    def reduce_scatter_compressed(self, pieces: list[tuple[int, torch.Tensor]],
+                                  stats: CommStats) -> list[torch.Tensor]:
+        """FSDP2's reduce-scatter of the compressed layers (comm/fsdp.py): `pieces` are
+        (layer, (W, p) rows of the layer's padded local gradient, row j FSDP's chunk for rank
+        j); returns this rank's fp32 mean chunk of each, in the order given. ZeRO++'s qgZ: the
+        all-to-all and the fp32 sum only, no all-gather and no second rounding, so each value
+        is rounded once (by the rank that sent it)."""
+        order = sorted(range(len(pieces)), key=lambda i: pieces[i][0])
+        scatter = self._scatter_steps([pieces[i] for i in order], stats)
+        try:
+            while True:
+                for work in next(scatter):
+                    work.wait()
+        except StopIteration as done:
+            _, means = done.value
+        for layer, _ in pieces:
+            self.rounds[layer] += 1
+        out = [None] * len(pieces)
+        for i, mean in zip(order, means):
+            out[i] = mean
+        return out
 
     # ---- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
