@@ -12,7 +12,9 @@ and an all-gather replicates it; every rank decodes the same bytes, so the repli
 bit. That is ZeRO++'s qgZ and Megatron's fp32-accumulating reduce-scatter, plus the all-gather
 DDP needs; torch's bf16_compress_hook instead all-reduces bf16 tensors, whose partial sums are
 rounded to bf16 at every hop of the ring. Each value is rounded twice here (by its rank, then as
-part of the mean), whatever the number of ranks.
+part of the mean), whatever the number of ranks. Under FSDP2 (reduce_scatter_compressed, the
+custom reduce-scatter of comm/fsdp.py) the pieces are FSDP's own chunks and each rank keeps its
+fp32 mean chunk: no all-gather, one rounding.
 
 The step's compressed layers share one all-to-all and one all-gather of one byte buffer (fp8 has
 no gloo dtype): row j of it is, for each layer in layer order, piece j's values then its scales,
@@ -24,7 +26,9 @@ rank that is ceil(p b / 32) words of values and, for fp8, ceil(p / block_size) s
 the float32 words of a dense all-reduce that would cost the same on a ring (an all-to-all moves
 what a reduce-scatter does, and the all-gather the same again): half of n for bf16, a quarter
 plus the scales for fp8. bytes_sent counts what went into the collectives, as for every reducer:
-the all-to-all's W rows (4 floats_sent) and the all-gather's one row (in allgather_bytes).
+the all-to-all's W rows (4 floats_sent) and the all-gather's one row (in allgather_bytes). Under
+FSDP p is FSDP's chunk (its rows padded to a multiple of W), which bytes_sent counts and
+floats_sent, computed from the layer's size alone, does not.
 
 Stochastic rounding (`stochastic_rounding`) rounds up with probability the distance to the
 value below, so the rounding is unbiased; its random numbers come from a generator seeded by
@@ -36,7 +40,6 @@ rank draws its own numbers without communication and a resumed run draws the sam
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
