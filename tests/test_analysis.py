@@ -337,9 +337,9 @@ def test_rebuilt_tables_are_byte_identical_and_leave_no_temporary_files(tmp_path
     quiet_build(tmp_path / "runs", tmp_path / "out")
     assert {path: path.read_bytes() for path in paths} == first
     produced = sorted(p for p in (tmp_path / "out").rglob("*") if p.is_file())
-    # 6 tables x 3 formats and the md and csv of fig2_paired, table1_paired, table3_paired and
-    # successors, no .tmp leftovers
-    assert produced == paths and len(paths) == 26
+    # 6 tables x 3 formats and the md and csv of fig2_paired, table1_paired, table3_paired,
+    # successors and precision, no .tmp leftovers
+    assert produced == paths and len(paths) == 28
 
 
 def _spans(axes) -> list[tuple[float, float]]:
