@@ -21,8 +21,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from accordion_repro.comm.config import SETTINGS as COMPRESSOR_SETTINGS  # noqa: F401  (tests and callers read it here)
-from accordion_repro.comm.config import check_level, level_kind, level_option
+from accordion_repro.comm.config import check_level
+from accordion_repro.comm.registry import compressor_settings, level_kind, level_option
 from accordion_repro.env import env_rank
 from accordion_repro.errors import ConfigError, ConfigWarning
 from accordion_repro.options import Options, defaults_of
@@ -97,13 +97,20 @@ def register_defaults() -> None:
     from accordion_repro.models.factory import SETTINGS as MODEL_SETTINGS
 
     store = ConfigStore.instance()
-    groups = {"compressor": COMPRESSOR_SETTINGS, "model": MODEL_SETTINGS,
+    groups = {"compressor": compressor_settings(), "model": MODEL_SETTINGS,
               "dataset": DATASET_SETTINGS,
               "schedule": {name: cls.Settings for name, cls in SCHEDULES.items()}}
     for group, settings in groups.items():
         for name, cls in settings.items():
             store.store(group=f"_defaults/{group}", name=name,
                         node={"name": name, **defaults_of(cls)})
+    # a compressor registered without a conf/compressor/<name>.yaml (a plugin's) is still
+    # `compressor=<name>`: its group file is its defaults and its level option, unset (null:
+    # a schedule that sets every layer's level needs none; any other asks for it by its key)
+    for name, cls in groups["compressor"].items():
+        if not (CONF_DIR / "compressor" / f"{name}.yaml").is_file():
+            level = {cls.LEVEL[0]: None} if cls.LEVEL[0] else {}
+            store.store(group="compressor", name=name, node={"name": name, **level})
 
 
 register_resolvers()
@@ -133,7 +140,7 @@ def _conf_keys(group: str) -> list[str]:
 
 # The top-level nodes of a composed config; each node is checked for keys it does not take.
 SECTIONS = ("seed", "run", "model", "dataset", "compressor", "schedule", "optim", "trainer",
-            "dist", "logger", "paths", "scale")
+            "dist", "logger", "paths", "scale", "plugins")
 
 
 def reject_unknown_keys(c: Mapping) -> None:
@@ -249,6 +256,9 @@ def validate(cfg: DictConfig) -> RunSettings:
     from accordion_repro.runlog import WandbSettings
 
     reject_unknown_keys(c)
+    plugins = c.get("plugins", [])
+    _require(isinstance(plugins, list) and all(isinstance(m, str) for m in plugins), "plugins",
+             f"must be a list of module names (plugins=[mypkg.compressors]), got {plugins!r}")
     # before the compressor's and the data's seeds, which conf ties to it: a bad value is named
     # by the key the user typed
     seed = Options("", c).integer("seed", minimum=0)

@@ -134,13 +134,6 @@ def predict_epoch_time(compute_s_per_step: float, steps: int, bytes_per_step: fl
     return steps * (compute_s_per_step + collective(bytes_per_step, workers, net, collectives_per_step))
 
 
-def collective_op(compressor_name: str | None) -> str:
-    """How a run's logged bytes travel. Runs log only totals, so Top-K runs count every byte as
-    all-gathered (their dense 1-D tensors are in fact all-reduced: a small overestimate), and
-    every other compressor (none, powersgd) as all-reduced."""
-    return ALLGATHER if compressor_name == "topk" else ALLREDUCE
-
-
 def check_workers(workers: int) -> int:
     if int(workers) != workers or workers < 1:
         raise ConfigError("workers", f"must be a positive integer, got {workers!r}")

@@ -33,8 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .accordion import SCHEDULES, DetectorSettings, Plan, build_schedule
 from .accordion.controller import EpochDecision
-from .comm import level_kind, level_option
-from .comm.config import SETTINGS as COMPRESSOR_SETTINGS
+from .comm.registry import COMPRESSORS, level_kind, level_option
 from .comm.ddp_hook import AccordionHookState, accordion_hook, check_agreement
 from .comm.fsdp import FSDPReducerState, is_fsdp_model
 from .comm.stats import CommStats
@@ -52,13 +51,18 @@ class AccordionWarning(UserWarning):
 
 def _compressor_options(compressor: str, level: str) -> list[str]:
     """The compressor's own keywords that Accordion passes through (its level is low/high)."""
-    return sorted(f.name for f in fields(COMPRESSOR_SETTINGS[compressor]) if f.name != level)
+    return sorted(f.name for f in fields(COMPRESSORS[compressor].SETTINGS) if f.name != level)
 
 
-# The compressors whose level Accordion adapts, and every option any of them passes through.
-ADAPTABLE = tuple(sorted(name for name in COMPRESSOR_SETTINGS if level_option(name) is not None))
-PASSED_OPTIONS = tuple(sorted({option for name in ADAPTABLE
-                               for option in _compressor_options(name, level_option(name))}))
+def _adaptable() -> tuple[str, ...]:
+    """The compressors whose level Accordion adapts (those registered now, comm/registry.py)."""
+    return tuple(sorted(name for name in COMPRESSORS if level_option(name) is not None))
+
+
+def _passed_options() -> tuple[str, ...]:
+    """Every option any adaptable compressor passes through."""
+    return tuple(sorted({option for name in _adaptable()
+                         for option in _compressor_options(name, level_option(name))}))
 
 
 def _schedule_arguments(schedule: str) -> tuple[str, ...]:
@@ -138,7 +142,7 @@ class AdaptiveCompression:
                             if name in options}
         # Every rank must pass the same arguments (checked below, once, across the ranks):
         # the same names, in the same order, on every rank, whatever the compressor.
-        compressor_defaults = defaults_of(COMPRESSOR_SETTINGS[compressor])
+        compressor_defaults = defaults_of(COMPRESSORS[compressor].SETTINGS)
         schedule_defaults = defaults_of(SCHEDULES[self.SCHEDULE].Settings)
         arguments = {"compressor": compressor,
                      **{name: schedule_options.get(name, schedule_defaults.get(name))
@@ -146,7 +150,7 @@ class AdaptiveCompression:
                      "async_op": async_op, "check_levels": check_levels,
                      **({"total_epochs": total_epochs} if self.TAKES_TOTAL_EPOCHS else {}),
                      **{name: options.get(name, compressor_defaults.get(name))
-                        for name in PASSED_OPTIONS}}
+                        for name in _passed_options()}}
         # lr_decay_rule, for a schedule driven by Accordion's detector: True, False or a
         # relative drop (the detector itself is shown only the drops that count).
         self.lr_drop = (_lr_drop(schedule_options.get("lr_decay_rule", True))
@@ -413,13 +417,14 @@ class PhaseRule(AdaptiveCompression):
 
 def _check_compressor(compressor, who: str = "Accordion") -> None:
     """Only compressors with a level to adapt; an unknown name gets the valid ones."""
-    if compressor in ADAPTABLE:
+    adaptable = _adaptable()
+    if compressor in adaptable:
         return
-    valid = ", ".join(map(repr, ADAPTABLE[:-1])) + f" or {ADAPTABLE[-1]!r}"
-    if compressor in COMPRESSOR_SETTINGS:
+    valid = ", ".join(map(repr, adaptable[:-1])) + f" or {adaptable[-1]!r}"
+    if compressor in COMPRESSORS:
         raise ConfigError("compressor", f"{compressor!r} has no compression level to adapt; "
                                         f"{who} takes {valid}")
-    close = difflib.get_close_matches(str(compressor).lower(), ADAPTABLE, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(str(compressor).lower(), adaptable, n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise ConfigError("compressor", f"unknown compressor {compressor!r}: {who} takes {valid} "
                                     f"(PowerSGD ranks, Top-K kept fractions or precision's bits){hint}")

@@ -94,12 +94,13 @@ def _unread_level_keys(flat: dict) -> set[str]:
     """compressor.rank / ratio under a schedule that sets every layer's level: never read (null
     since issue 39; runs made before it recorded the schedule's starting level there)."""
     from accordion_repro.accordion import SCHEDULES
-    from accordion_repro.comm.config import SETTINGS
+    from accordion_repro.comm.registry import compressor_settings
 
     schedule = SCHEDULES.get(flat.get("schedule.name"))
     if schedule is None or not schedule.sets_levels:
         return set()
-    return {f"compressor.{s.LEVEL[0]}" for s in SETTINGS.values() if s.LEVEL[0] is not None}
+    return {f"compressor.{s.LEVEL[0]}" for s in compressor_settings().values()
+            if s.LEVEL[0] is not None}
 
 
 def _file_names(value) -> list[str]:

@@ -19,7 +19,7 @@ def settings_classes() -> Iterator[tuple[str, str | None, type]]:
     """(config node, choice, settings class) of every part of a run: the trainer's, optimiser's,
     launcher's and wandb's, then each model, dataset, compressor and schedule by name."""
     from accordion_repro.accordion import SCHEDULES
-    from accordion_repro.comm.config import SETTINGS as COMPRESSORS
+    from accordion_repro.comm.registry import compressor_settings
     from accordion_repro.data.registry import SETTINGS as DATASETS
     from accordion_repro.engine.settings import DistSettings, OptimSettings, TrainerSettings
     from accordion_repro.models.factory import SETTINGS as MODELS
@@ -28,7 +28,7 @@ def settings_classes() -> Iterator[tuple[str, str | None, type]]:
     for cls in (TrainerSettings, OptimSettings, DistSettings, WandbSettings):
         yield cls.SECTION, None, cls
     for section, choices in (("model", MODELS), ("dataset", DATASETS),
-                             ("compressor", COMPRESSORS),
+                             ("compressor", compressor_settings()),
                              ("schedule", {name: c.Settings for name, c in SCHEDULES.items()})):
         for name, cls in choices.items():
             yield section, name, cls

@@ -155,6 +155,29 @@ def expand_experiment_globs(argv: list[str]) -> list[str]:
     return out
 
 
+def import_plugins(argv: list[str]) -> None:
+    """`plugins=[mypkg.compressors]`: modules imported before the config is composed, where your
+    own compressors register themselves (comm/registry.py's register_compressor): a registered
+    compressor is then `compressor=<name>` on the command line, with or without a
+    conf/compressor/<name>.yaml. The ranks import the module again when they unpickle its
+    settings, which registers it there too."""
+    import importlib
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    for arg in argv[1:]:
+        if arg.lstrip("+").partition("=")[0] != "plugins":
+            continue
+        value = OverridesParser.create().parse_override(arg).value()
+        for name in [value] if isinstance(value, str) else list(value or []):
+            try:
+                importlib.import_module(str(name))
+            except Exception as exc:  # noqa: BLE001  (whatever the module raises: one line)
+                raise ConfigError("plugins", f"cannot import {name!r}: "
+                                             f"{type(exc).__name__}: {exc}") from None
+    config_module.register_defaults()  # what the plugins registered, for Hydra to compose
+
+
 def check_run_dir_writable(argv: list[str]) -> None:
     """Where the run directory cannot be written, Hydra fails setting up its job log with a
     30-line traceback; say it in one line before anything starts."""
@@ -254,6 +277,7 @@ def _one_line(message: str) -> str:
 if __name__ == "__main__":
     try:
         sys.argv = expand_experiment_globs(sys.argv)
+        import_plugins(sys.argv)
         check_run_dir_writable(sys.argv)
         check_overrides_compose(sys.argv)
     except ConfigError as exc:

@@ -21,7 +21,7 @@ import yaml
 from accordion_repro.analysis.build import MissingFigureWarning, build_all
 from accordion_repro.analysis.collect import SkippedRunWarning, collect_runs
 from accordion_repro.analysis.consistency import MixedCellError
-from accordion_repro.costmodel import collective_op, predict_epoch_time
+from accordion_repro.costmodel import ALLREDUCE, predict_epoch_time
 from accordion_repro.analysis.layout import FIGURES, TABLES, TWINS, all_presets, run_command
 from accordion_repro.analysis.reference import official_final, official_results
 
@@ -223,7 +223,7 @@ def test_table_numbers_match_the_runs_metrics(tmp_path):
     metrics = read_metrics(runs["static_high"][0])
     predicted = sum(predict_epoch_time(r["compute_time_s"] / r["steps"], r["steps"],
                                        r["bytes_sent"] / r["steps"], r["collectives"] / r["steps"],
-                                       collective_op("powersgd"), "1gbit", 2) for r in metrics)
+                                       ALLREDUCE, "1gbit", 2) for r in metrics)
     assert float(rows["static_high"]["predicted_time_s"]) == pytest.approx(predicted, abs=1e-6)
 
     markdown = (tmp_path / "out/tables/table1.md").read_text()

@@ -3,7 +3,7 @@
 import pytest
 
 from accordion_repro.costmodel import (ALLGATHER, ALLREDUCE, NETWORKS, Network,
-                                                allgather_time, allreduce_time, collective_op,
+                                                allgather_time, allreduce_time,
                                                 predict_epoch_time)
 from accordion_repro.errors import ConfigError
 
@@ -53,10 +53,11 @@ def test_more_bandwidth_is_never_slower():
     assert times == sorted(times, reverse=True) and times[0] > times[-1]
 
 
-def test_collective_op_follows_the_compressor():
-    assert collective_op("topk") == ALLGATHER
-    assert collective_op("powersgd") == ALLREDUCE
-    assert collective_op("none") == ALLREDUCE
+def test_each_compressor_names_how_its_bytes_travel():
+    from accordion_repro.comm.registry import compressor
+
+    assert compressor("topk").WIRE_OP == ALLGATHER
+    assert [compressor(n).WIRE_OP for n in ("powersgd", "acp_powersgd", "none")] == [ALLREDUCE] * 3
 
 
 def test_bad_inputs_name_the_problem():

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from accordion_repro.accordion import SCHEDULES, CriticalRegimeDetector, DetectorSettings
 from accordion_repro.comm import DenseReducer, PowerSGDReducer, TopKReducer
-from accordion_repro.comm.config import SETTINGS as COMPRESSORS
+from accordion_repro.comm.registry import compressor_settings
 from accordion_repro.data.registry import SETTINGS as DATASETS
 from accordion_repro.data.synthetic import markov_tokens, synthetic_images
 from accordion_repro.ddp import Accordion
@@ -33,7 +33,7 @@ from accordion_repro.options import defaults_of
 from conftest import compose_cfg
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-CASES = [("compressor", name, cls) for name, cls in COMPRESSORS.items()] + \
+CASES = [("compressor", name, cls) for name, cls in compressor_settings().items()] + \
         [("schedule", name, cls.Settings) for name, cls in SCHEDULES.items()] + \
         [("model", name, cls) for name, cls in MODELS.items()] + \
         [("dataset", name, cls) for name, cls in DATASETS.items()]
@@ -99,7 +99,7 @@ def test_every_option_reaches_conf_with_the_dataclass_default(group, name, setti
                          ids=lambda c: c.__name__)
 def test_no_constructor_holds_an_option_default_of_its_own(code):
     options = set()
-    for settings in [*COMPRESSORS.values(), DetectorSettings, *MODELS.values(), *DATASETS.values()]:
+    for settings in [*compressor_settings().values(), DetectorSettings, *MODELS.values(), *DATASETS.values()]:
         options |= set(inspect.signature(settings).parameters)
     own = [name for name, p in inspect.signature(code).parameters.items()
            if name in options and p.default is not inspect.Parameter.empty]

@@ -17,7 +17,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from accordion_repro.comm import build_reducer, validate_compressor
-from accordion_repro.comm.config import PrecisionBits, check_level, level_kind
+from accordion_repro.comm.config import PrecisionBits, check_level
+from accordion_repro.comm.registry import level_kind
 from accordion_repro.comm.precision import FORMATS, decode, encode
 from accordion_repro.errors import ConfigError
 from accordion_repro.utils import adopt_environment

@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 from accordion_repro.accordion import SCHEDULES, build_schedule
 from accordion_repro.analysis.layout import COMPARISONS, FIGURES, TABLES, all_presets
 from accordion_repro.comm import build_reducer, validate_compressor
-from accordion_repro.comm.config import level_of, level_option
+from accordion_repro.comm.config import level_of
+from accordion_repro.comm.registry import level_option
 from accordion_repro.config import check_level_owner, validate, world_size_of
 from accordion_repro.engine.lr import build_epoch_lr, decay_epochs
 from accordion_repro.engine.settings import DistSettings, OptimSettings

@@ -23,12 +23,9 @@ import torch
 
 from ..costmodel import ALLGATHER, ALLREDUCE, StepExchange
 from ..comm.config import kept_entries, topk_sends_dense
+from ..comm.registry import compressor
 from .lgreco import layer_cost, rank_errors
 
-# Collectives per step of the trainer's whole-model reduction (comm/base.py reduce_steps): the
-# dense tensors' all-reduce, then PowerSGD's P and Q, ACP-SGD's one factor, Top-K's all-gather.
-# The latency they cost is the same at every level; the DDP hook sends one set per bucket.
-STEP_COLLECTIVES = {"powersgd": (3, 0), "acp_powersgd": (2, 0), "topk": (2, 1)}
 
 
 def power_of_two_ranks(max_rank: int) -> list[int]:
@@ -121,6 +118,8 @@ def candidates_for(compressor: str, level_kind: type, world_size: int, max_rank:
 
 
 def step_exchange(candidates, network, world_size: int) -> StepExchange:
-    """The cost model of one step of this compressor's exchange on `network`."""
-    collectives, allgathers = STEP_COLLECTIVES[candidates.compressor]
+    """The cost model of one step of this compressor's exchange on `network`: its collectives
+    per whole-model reduction (the reducer's STEP_COLLECTIVES), whose latency is the same at
+    every level; the DDP hook sends one set per bucket."""
+    collectives, allgathers = compressor(candidates.compressor).STEP_COLLECTIVES
     return StepExchange(network, world_size, collectives, allgathers)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..comm.config import level_kind
+from ..comm.registry import level_kind
 from ..errors import ConfigError
 from ..options import require_settings
 from .auto import AutoSchedule

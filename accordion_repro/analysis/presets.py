@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from accordion_repro.comm.registry import level_option
 from accordion_repro.run_layout import CONF_DIR
 from accordion_repro.analysis.layout import (COMPARISONS, DATASET_TITLES, FIGURES, TABLES,
                                              level_text)
@@ -28,8 +29,6 @@ EXPERIMENT_DIR = CONF_DIR / "experiment"
 MODEL_TITLES = {"resnet18": "ResNet-18", "vgg19bn": "VGG-19bn", "senet18": "SE-ResNet-18",
                 "densenet": "DenseNet (densenet_cifar)", "googlenet": "GoogLeNet",
                 "lstm": "LSTM 3x650"}
-LEVEL_OPTION = {"powersgd": "rank", "acp_powersgd": "rank", "topk": "ratio",
-                "precision": "bits"}
 PAPER_BATCH = 512  # the base's global batch (4 workers x 128): B_low of the batch cells
 BASE_BATCH_RATIO = 8  # _base/paper_batch_accordion's B_high = 8 x B_low
 STATIC_METHODS = ("static_low", "static_high", "rank1", "rank2", "rank4")
@@ -248,7 +247,7 @@ def _body(cell: PresetCell, kind: str) -> str:
             lines += _batch_high(cell)
         return "\n".join(lines) + "\n" if len(lines) > 1 else ""
     if kind == "static":
-        return f"compressor:\n  {LEVEL_OPTION[cell.family]}: {level!r}\n"
+        return f"compressor:\n  {level_option(cell.family)}: {level!r}\n"
     if kind == "accordion":
         return f"schedule:\n  low: {cell.low!r}\n  high: {cell.high!r}\n"
     if kind == "windows":

@@ -10,7 +10,8 @@ import pandas as pd
 
 from accordion_repro.analysis.collect import (PAPER_MODEL_SIZES, RUN_DIR, first_value, model_variant,
                                               numerics, numerics_keys)
-from accordion_repro.costmodel import collective_op, predict_epoch_time, resolve_network
+from accordion_repro.comm.registry import compressor
+from accordion_repro.costmodel import ALLREDUCE, predict_epoch_time, resolve_network
 
 RUN_COLUMNS = ("run.name", "run.table", "run.figure", "run.method", "run.label", "seed",
                "scale.name", "model.name", "dataset.name", "compressor.name", "schedule.name",
@@ -21,7 +22,8 @@ def predicted_run_time(epochs: pd.DataFrame, net, workers: int | None) -> float:
     """Sum over epochs of the cost model's epoch time; each epoch keeps its own bytes and
     collectives per step because Accordion changes them from epoch to epoch."""
     network = resolve_network(net)
-    op = collective_op(first_value(epochs, "compressor.name"))
+    name = first_value(epochs, "compressor.name")
+    op = compressor(name).WIRE_OP if name else ALLREDUCE  # how the run's logged bytes travel
     world = workers if workers is not None else int(first_value(epochs, "summary.world_size") or 1)
     total = 0.0
     for row in epochs.itertuples(index=False):

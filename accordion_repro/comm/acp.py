@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import torch
 
 from .base import Reducer
+from .config import ACPPowerSGDSettings
 from .powersgd import _draw_seed, orthonormalize_
 from .stats import CommStats
 
@@ -30,6 +31,8 @@ P_TURN, Q_TURN = 0, 1
 
 class ACPPowerSGDReducer(Reducer):
     name = "acp_powersgd"
+    SETTINGS = ACPPowerSGDSettings
+    STEP_COLLECTIVES = (2, 0)  # the dense tensors' all-reduce, then one factor's
     CARRIES_DENSE = True
 
     def __init__(self, params: Sequence[torch.Tensor], *, rank: int, error_feedback: bool,

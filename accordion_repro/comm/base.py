@@ -22,7 +22,8 @@ from typing import NamedTuple
 import torch
 
 from .collectives import Communicator
-from .config import SETTINGS, check_level
+from ..costmodel import ALLREDUCE
+from .config import DenseSettings, check_level
 from .stats import CommStats
 
 _UNSET = object()  # Reducer._applied before any set_levels call
@@ -40,7 +41,15 @@ class Phase(NamedTuple):
 
 
 class Reducer:
+    """The facts a compressor's entry in comm/registry.py carries are class attributes: `name`,
+    `SETTINGS`, `STEP_COLLECTIVES` (collectives of one whole-model reduction, and how many of
+    them are all-gathers: the latency schedule=auto prices) and `WIRE_OP` (how the analysis'
+    cost model sends a run's logged bytes)."""
+
     name = "none"
+    SETTINGS = DenseSettings
+    STEP_COLLECTIVES = (1, 0)
+    WIRE_OP = ALLREDUCE
     # Whether the first collective of _compressed_steps is an all-reduce sum whose buffer can
     # carry the dense tensors too (PowerSGD's P, ACP-SGD's factor; not Top-K's all-gather).
     CARRIES_DENSE = False
@@ -93,7 +102,7 @@ class Reducer:
 
     def _check_level(self, level):
         """A valid level of this compressor; None (a reducer's own level only) stays None."""
-        option, kind = SETTINGS[self.name].LEVEL
+        option, kind = self.SETTINGS.LEVEL
         if level is None:
             return None
         if kind is None:
@@ -107,7 +116,7 @@ class Reducer:
         """Reallocate what belongs to `layer` only; its error memory is kept."""
 
     def _normalized_levels(self, levels) -> list:
-        option = SETTINGS[self.name].LEVEL[0]
+        option = self.SETTINGS.LEVEL[0]
         if option is not None and self.default_level is None and \
                 (levels is None or any(lv is None for lv in levels)):
             raise ValueError(f"{self.name}: a layer has no {option}: this reducer was built with "

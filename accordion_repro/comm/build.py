@@ -1,4 +1,5 @@
-"""The one table of reducers by compressor name, and the builder the engine and the hook use."""
+"""The builder of a reducer, which the engine and the hook use (the compressors by name:
+comm/registry.py)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,9 @@ from dataclasses import asdict
 
 import torch
 
-from .acp import ACPPowerSGDReducer
-from .base import DenseReducer, Reducer
-from ..options import Settings
-from ..options import require_settings
-from .config import name_of, validate_compressor
-from .powersgd import PowerSGDReducer
-from .precision import PrecisionReducer
-from .topk import TopKReducer
-
-_REDUCERS = {"none": DenseReducer, "powersgd": PowerSGDReducer,
-             "acp_powersgd": ACPPowerSGDReducer, "topk": TopKReducer,
-             "precision": PrecisionReducer}
+from ..options import Settings, require_settings
+from .base import Reducer
+from .registry import COMPRESSORS, name_of, validate_compressor
 
 
 def build_reducer(compressor, params: Sequence[torch.Tensor], *, group=None, **options) -> Reducer:
@@ -35,4 +27,4 @@ def build_reducer(compressor, params: Sequence[torch.Tensor], *, group=None, **o
                                     "RunSettings.compressor, or a compressor name and keywords")
         if options:
             raise TypeError("build_reducer takes a settings object or keywords, not both")
-    return _REDUCERS[name_of(settings)](list(params), group=group, **asdict(settings))
+    return COMPRESSORS[name_of(settings)](list(params), group=group, **asdict(settings))

@@ -1,4 +1,5 @@
 """Each compressor's settings, read once from its config node, and the kind of level it takes.
+(Which settings class belongs to which compressor name: comm/registry.py.)
 
 The dataclasses are where the compressors' defaults live (the reducers are used without Hydra,
 through build_reducer and AccordionHookState); conf/compressor/*.yaml repeats none of them and
@@ -127,47 +128,10 @@ class PrecisionSettings(Settings):
         help="seeds stochastic rounding (conf ties it to ${seed})")
 
 
-SETTINGS: dict[str, type] = {"none": DenseSettings, "powersgd": PowerSGDSettings,
-                             "acp_powersgd": ACPPowerSGDSettings, "topk": TopKSettings,
-                             "precision": PrecisionSettings}
-
-
-def _settings_class(name) -> type:
-    if name not in SETTINGS:
-        known = ", ".join(sorted(SETTINGS))
-        raise ConfigError("compressor.name", f"unknown compressor {name!r}; choose one of {known}")
-    return SETTINGS[name]
-
-
-def validate_compressor(name: str, options: Mapping):
-    """The compressor's settings; ConfigError naming the key for an unknown name, option or value."""
-    return _settings_class(name).from_config(options, owner=f"compressor {name!r}")
-
-
-def name_of(settings: Settings) -> str:
-    """The compressor a settings object belongs to ('powersgd' for PowerSGDSettings)."""
-    for name, cls in SETTINGS.items():
-        if type(settings) is cls:
-            return name
-    raise TypeError(f"{type(settings).__name__} is not a compressor's settings "
-                    f"(those of {', '.join(sorted(SETTINGS))})")
-
-
 def level_of(settings: Settings):
     """The compressor's own level from its checked settings: a rank, a ratio, bits, or None."""
     option = type(settings).LEVEL[0]
     return None if option is None else getattr(settings, option)
-
-
-def level_kind(name: str) -> type | None:
-    """int for (ACP-)PowerSGD ranks, float for Top-K kept fractions, PrecisionBits for the
-    precision compressor's bits per value, None for dense all-reduce."""
-    return _settings_class(name).LEVEL[1]
-
-
-def level_option(name: str) -> str | None:
-    """The option that holds the compressor's own level: `rank`, `ratio`, `bits`, or None."""
-    return _settings_class(name).LEVEL[0]
 
 
 def check_level(kind: type, value, key: str) -> int | float:

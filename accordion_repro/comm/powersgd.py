@@ -15,6 +15,7 @@ import torch
 
 from ..transfer import host_to_device
 from .base import Reducer
+from .config import PowerSGDSettings
 from .stats import CommStats
 
 
@@ -99,6 +100,8 @@ _ALIGN_BYTES = 64
 
 class PowerSGDReducer(Reducer):
     name = "powersgd"
+    SETTINGS = PowerSGDSettings
+    STEP_COLLECTIVES = (3, 0)  # the dense tensors' all-reduce, then P's and Q's
     CARRIES_DENSE = True
 
     def __init__(self, params: Sequence[torch.Tensor], *, rank: int, error_feedback: bool,

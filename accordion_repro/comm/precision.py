@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import Reducer
+from .config import PrecisionSettings
 from .stats import CommStats
 
 
@@ -166,6 +167,10 @@ def _field(rows: torch.Tensor, start: int, length: int, dtype: torch.dtype) -> t
 
 class PrecisionReducer(Reducer):
     name = "precision"
+    SETTINGS = PrecisionSettings
+    # the dense tensors' all-reduce, the pieces' all-to-all, the mean's all-gather (priced as
+    # all-reduces of their input by the cost model: docs/compressors.md)
+    STEP_COLLECTIVES = (3, 1)
     REDUCE_SCATTERS = True
 
     def __init__(self, params: Sequence[torch.Tensor], *, bits: int | None, fp8_format: str,

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 import torch
 
 from .base import Reducer
-from .config import kept_entries, topk_sends_dense
+from ..costmodel import ALLGATHER
+from .config import TopKSettings, kept_entries, topk_sends_dense
 from .stats import CommStats
 
 
@@ -96,6 +97,11 @@ def add_in_rank_order(flat: torch.Tensor, indices: torch.Tensor, values: torch.T
 
 class TopKReducer(Reducer):
     name = "topk"
+    SETTINGS = TopKSettings
+    STEP_COLLECTIVES = (2, 1)  # the dense tensors' all-reduce, then the selections' all-gather
+    # Runs log only totals, so a Top-K run's bytes are priced as all-gathered (its dense 1-D
+    # tensors are in fact all-reduced: a small overestimate).
+    WIRE_OP = ALLGATHER
 
     def __init__(self, params: Sequence[torch.Tensor], *, ratio: float, error_feedback: bool,
                  official_topk: bool, group=None):
