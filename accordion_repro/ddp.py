@@ -319,10 +319,12 @@ class AdaptiveCompression:
 class Accordion(AdaptiveCompression):
     """Adaptive per-layer compression for a DistributedDataParallel model.
 
-    `low` is the level inside critical regimes (PowerSGD rank, or Top-K kept fraction) and
-    `high` the level outside them; `eta`, `interval`, `lr_decay_rule` and `statistic` are the
-    detector's (docs/schedules.md; their defaults are DetectorSettings'). Other keywords go to
-    the compressor (error_feedback, warm_start, seed for PowerSGD; official_topk for Top-K).
+    `low` is the level inside critical regimes (PowerSGD rank, Top-K kept fraction, or the
+    precision compressor's bits per value: 32, 16, 8) and `high` the level outside them; `eta`,
+    `interval`, `lr_decay_rule` and `statistic` are the detector's (docs/schedules.md; their
+    defaults are DetectorSettings'). Other keywords go to the compressor (error_feedback,
+    warm_start, seed for PowerSGD; official_topk for Top-K; fp8_format, block_size,
+    stochastic_rounding, seed for precision).
     `async_op` and `check_levels` go to AccordionHookState (comm/ddp_hook.py).
     """
 
@@ -401,7 +403,7 @@ def _check_compressor(compressor, who: str = "Accordion") -> None:
     close = difflib.get_close_matches(str(compressor).lower(), adaptable, n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise ConfigError("compressor", f"unknown compressor {compressor!r}: {who} takes {valid} "
-                                    f"(PowerSGD ranks or Top-K kept fractions){hint}")
+                                    f"(PowerSGD ranks, Top-K kept fractions or precision's bits){hint}")
 
 
 def _lr_drop(rule) -> float | None:

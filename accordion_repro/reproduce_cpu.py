@@ -189,6 +189,10 @@ FP32_TOPK = CIFAR_PRESETS[4:7]
 # (issue 59, item 2); the phase rule's table is tuned at cpu_long's width and wants retuning here.
 FP32_SUCCESSORS = ["successors/resnet18_lgreco_accordion", "successors/resnet18_acp_powersgd",
                    "successors/resnet18_acp_accordion", "successors/resnet18_phase_rule"]
+# Accordion over transport precision (issue 58) after the central-claim arms and the successors,
+# with the dense runs its comparison pairs against (results/tables/precision.md).
+FP32_PRECISION = ["table1/resnet18_powersgd_dense", "precision/resnet18_accordion_fp32_fp8",
+                  "precision/resnet18_accordion_bf16_fp8"]
 
 
 PLANNED = ("cpu_long", "cpu_fp32")  # the studies whose Figure 2 (b) arms follow a detect run
@@ -288,13 +292,14 @@ def run_order(study: str, seeds: list[int], patterns: list[str],
 
 def fp32_order(seeds: list[int], runs: Path | None) -> list[tuple[str, int]]:
     """The fp32 study's queue: the central arms for the first seeds, arm by arm; the extra seeds
-    of the undecided headline contrasts; then Table 3's Top-K cells and the successors."""
+    of the undecided headline contrasts; then Table 3's Top-K cells, the successors and the
+    precision arms."""
     order = [(p, s) for p in FP32_CENTRAL for s in seeds]
     more = [s for s in FP32_MORE_SEEDS if s not in seeds]
     extend = undecided_arms(runs, seeds) if more and runs is not None else set()
     order += [(p, s) for p in FP32_CENTRAL if p in extend for s in more]
     order += [(p, s) for p in FP32_TOPK for s in seeds]
-    order += [(p, s) for p in FP32_SUCCESSORS for s in seeds]
+    order += [(p, s) for p in FP32_SUCCESSORS + FP32_PRECISION for s in seeds]
     return order
 
 

@@ -79,9 +79,9 @@ class RunRecordGap(RuntimeError):
     """metrics.jsonl lacks epochs the checkpoint has passed and they cannot be rebuilt."""
 
 
-# Keys added after runs were made (`option(added=...)`): a run directory whose config lacks one
-# ran as this value.
-ADDED_KEYS = added_keys()
+# Keys added after runs were made (`option(added=...)`, and conf/config.yaml's top-level
+# `plugins`, 0.3.0): a run directory whose config lacks one ran as this value.
+ADDED_KEYS = {**added_keys(), "plugins": []}
 # A static schedule without `detect` runs no detector: its detector options compute nothing.
 DETECTOR_KEYS = {key_of(DetectorSettings, f.name) for f in fields(DetectorSettings)}
 

@@ -635,12 +635,12 @@ def test_mistyped_arguments_and_ranks_that_disagree_are_refused_at_construction(
     for rank, out in enumerate(run_workers(_construction_worker, tmp_path)):
         assert out["async_op"] == "ConfigError: async_op: must be true or false, got 'no'"
         assert out["PowerSGD"] == ("ConfigError: compressor: unknown compressor 'PowerSGD': "
-                                   "Accordion takes 'acp_powersgd', 'powersgd' or 'topk' "
-                                   "(PowerSGD ranks or Top-K kept fractions); did you mean "
-                                   "'powersgd'?")
+                                   "Accordion takes 'acp_powersgd', 'powersgd', 'precision' "
+                                   "or 'topk' (PowerSGD ranks, Top-K kept fractions or "
+                                   "precision's bits); did you mean 'powersgd'?")
         assert out["none"] == ("ConfigError: compressor: 'none' has no compression level to "
-                               "adapt; Accordion takes 'acp_powersgd', 'powersgd' or "
-                               "'topk'")
+                               "adapt; Accordion takes 'acp_powersgd', 'powersgd', "
+                               "'precision' or 'topk'")
         assert out["high"] == (f"ConfigError: high: the ranks passed Accordion different values; "
                                f"rank {rank} passed {1 + rank}: every rank must pass the same "
                                "arguments")

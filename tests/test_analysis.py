@@ -289,7 +289,8 @@ def test_missing_tables_list_presets_and_commands(tmp_path):
     assert any(issubclass(w.category, MissingFigureWarning) and "fig9/vgg19bn_rank4" in
                str(w.message) for w in caught)
     assert set(written) == ({f"table{i}" for i in range(1, 7)}
-                            | {"fig2_paired", "table1_paired", "table3_paired", "successors"})
+                            | {"fig2_paired", "table1_paired", "table3_paired", "successors",
+                               "precision"})
     markdown = (tmp_path / "out/tables/table4.md").read_text()
     assert markdown.splitlines()[0].startswith("Table 4") and "no runs yet" in markdown
     for cell in TABLES["table4"].cells:
@@ -336,9 +337,9 @@ def test_rebuilt_tables_are_byte_identical_and_leave_no_temporary_files(tmp_path
     quiet_build(tmp_path / "runs", tmp_path / "out")
     assert {path: path.read_bytes() for path in paths} == first
     produced = sorted(p for p in (tmp_path / "out").rglob("*") if p.is_file())
-    # 6 tables x 3 formats and the md and csv of fig2_paired, table1_paired, table3_paired and
-    # successors, no .tmp leftovers
-    assert produced == paths and len(paths) == 26
+    # 6 tables x 3 formats and the md and csv of fig2_paired, table1_paired, table3_paired,
+    # successors and precision, no .tmp leftovers
+    assert produced == paths and len(paths) == 28
 
 
 def _spans(axes) -> list[tuple[float, float]]:

@@ -2,66 +2,42 @@
 compressor: it builds from its name, reduces on 1 and on 2 ranks to one replicated average, sends
 the floats its wire cost says, and resumes bit for bit from its state_dict.
 
-A compressor is tested by being registered: StrideReducer below, a toy compressor defined here
-(a module-level class and one registry line, nothing else), is covered by every test of this
-file like the four of the suite, and the last test trains with it through the CLI.
+A compressor is tested by being registered: StrideReducer (tests/toy_compressor.py, a
+module-level class and one registry line, nothing else) is covered by every test of this file
+like the suite's own, and a test trains with it through the CLI. It is registered for this
+file's tests only (the fixture below), so no other test sees it in the registry.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
-from typing import ClassVar
 
 import pytest
 import torch
 
-from accordion_repro.comm import COMPRESSORS, CommStats, Reducer, build_reducer, register_compressor
-from accordion_repro.options import Options, Settings, option
+from accordion_repro.comm import COMPRESSORS, Reducer, build_reducer
+from accordion_repro.comm.config import PrecisionBits
 from conftest import REPO
 
-
-class StrideReducer(Reducer):
-    """A toy compressor: each worker sends every `stride`-th entry of a layer (plus its error
-    memory) in one all-reduce; the entries it did not send wait in the memory."""
-
-    name = "stride"
-
-    @dataclass(frozen=True)
-    class SETTINGS(Settings):
-        SECTION = "compressor"
-        LEVEL: ClassVar[tuple] = ("stride", int)
-        stride: int | None = option(Options.integer, minimum=1, optional=True,
-                                    help="send every stride-th entry (1: the layer whole)")
-
-    def __init__(self, params, *, stride: int | None, group=None):
-        super().__init__(params, group=group, default_level=self._check_level(stride),
-                         error_feedback=True)
-
-    def _sends_dense(self, layer: int, level: int) -> bool:
-        return level == 1
-
-    def _compressed_floats(self, layer: int, level: int) -> int:
-        return math.ceil(math.prod(self.matrix_shapes[layer]) / level)
-
-    def _compressed_steps(self, items, stats: CommStats, carried=()):
-        memories = [self._memory(layer).view(-1).add_(grad.view(-1)) for layer, grad in items]
-        sent = torch.cat([m[::self.levels[layer]] for (layer, _), m in zip(items, memories)])
-        work = self.comm.all_reduce_sum(sent, stats)
-        yield [work], True
-        sent.div_(self.comm.world_size)
-        for (layer, grad), memory, part in zip(items, memories, sent.split(
-                [m[::self.levels[layer]].numel() for (layer, _), m in zip(items, memories)])):
-            memory[::self.levels[layer]] = 0.0
-            grad.view(-1).zero_()[::self.levels[layer]] = part
+TOY = "stride"  # tests/toy_compressor.py
+NAMES = sorted({*COMPRESSORS, TOY})
 
 
-register_compressor(StrideReducer)
+@pytest.fixture(autouse=True, scope="module")
+def toy_registered():
+    """The toy in the registry while this file's tests run, and out of it afterwards."""
+    import toy_compressor  # its import registers it  # noqa: F401
 
-COMPRESSING = {int: 2, float: 0.25, None: None}  # a level that compresses, by level kind
+    from accordion_repro.comm import register_compressor
+
+    register_compressor(toy_compressor.StrideReducer)  # again, if a teardown removed it
+    yield
+    COMPRESSORS.pop(TOY, None)
+
+
+COMPRESSING = {int: 2, float: 0.25, PrecisionBits: 16, None: None}  # a level that compresses, by kind
 SHAPES = [(16, 3, 3, 3), (16,), (10, 64), (10,)]
 
 
@@ -84,7 +60,7 @@ def test_the_toy_is_registered_beside_the_suites_compressors():
     assert {"none", "powersgd", "acp_powersgd", "topk", "stride"} <= set(COMPRESSORS)
 
 
-@pytest.mark.parametrize("name", sorted(COMPRESSORS))
+@pytest.mark.parametrize("name", NAMES)
 def test_builds_and_reduces_on_one_rank_sending_what_its_wire_cost_says(name):
     reducer = _reducer(name)
     for step in range(2):  # ACP-SGD's cost alternates: it is the coming step's
@@ -95,7 +71,7 @@ def test_builds_and_reduces_on_one_rank_sending_what_its_wire_cost_says(name):
         assert stats.bytes_sent == stats.collectives == 0  # one worker sends nothing
 
 
-@pytest.mark.parametrize("name", sorted(COMPRESSORS))
+@pytest.mark.parametrize("name", NAMES)
 def test_a_state_dict_resumes_bit_for_bit(name):
     straight = _reducer(name)
     for step in range(3):
@@ -116,8 +92,10 @@ def test_a_state_dict_resumes_bit_for_bit(name):
 
 
 def _two_rank_worker(rank):
+    import toy_compressor  # noqa: F401  (registers the toy in this rank)
+
     out = {}
-    for name in sorted(COMPRESSORS):
+    for name in NAMES:
         reducer = _reducer(name, group=torch.distributed.group.WORLD)
         grads, cost = _grads(10 + rank), reducer.floats_per_step()
         stats = reducer.reduce(grads)
@@ -135,7 +113,7 @@ def two_ranks(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize("name", sorted(COMPRESSORS))
+@pytest.mark.parametrize("name", NAMES)
 def test_two_ranks_end_with_one_replicated_average(two_ranks, name):
     (grads0, sent0, cost0, bytes0, calls0), (grads1, sent1, cost1, bytes1, calls1) = (
         two_ranks[0][name], two_ranks[1][name])
@@ -156,7 +134,7 @@ def test_the_toy_trains_from_the_cli_on_two_ranks_through_a_plugin(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run(
-        [sys.executable, "-m", "accordion_repro.train", "plugins=[test_compressor_contract]",
+        [sys.executable, "-m", "accordion_repro.train", "plugins=[toy_compressor]",
          "compressor=stride", "compressor.stride=4", "model=resnet18", "model.width=0.125",
          "dataset=synthetic_cifar10", "dataset.train_size=64", "dataset.test_size=16",
          "logger.wandb.mode=disabled", "trainer.progress=never", "trainer.batch_size=8",

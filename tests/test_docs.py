@@ -165,8 +165,8 @@ def test_committed_tables_and_figures_are_what_make_figures_builds_from_the_comm
         written = build_all(REPO / "results" / "runs", tmp_path, net="10gbit")
     built = sorted(path for paths in written.values() for path in paths)
     tables = [path for path in built if path.parent.name == "tables"]
-    assert len(tables) == 26  # tables 1-6 (md, tex, csv); fig2, table1, table3 _paired and
-    # successors (md, csv)
+    assert len(tables) == 28  # tables 1-6 (md, tex, csv); fig2, table1, table3 _paired,
+    # successors and precision (md, csv)
     committed = sorted((REPO / "results" / "figures").iterdir())
     assert [p.name for p in built if p.parent.name == "figures"] == [p.name for p in committed]
     for path in built:

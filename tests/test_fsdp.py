@@ -20,7 +20,9 @@ from torch.nn.parallel import DistributedDataParallel
 from test_comm_distributed import SmallNet, run_workers
 
 distributed = pytest.mark.distributed
-OPTIONS = {"powersgd": dict(low=2, high=1), "topk": dict(low=0.2, high=0.05)}
+OPTIONS = {"powersgd": dict(low=2, high=1), "topk": dict(low=0.2, high=0.05),
+           # tests/test_precision_compressor.py trains it through _train
+           "precision": dict(low=16, high=8, stochastic_rounding=True, block_size=32)}
 
 
 def _shard(model, units=("conv", "fc1", "fc2"), mesh=None, **kwargs):

@@ -15,6 +15,7 @@ from accordion_repro.accordion import SCHEDULES, build_schedule
 from accordion_repro.analysis.layout import COMPARISONS, FIGURES, TABLES, all_presets
 from accordion_repro.comm import build_reducer, validate_compressor
 from accordion_repro.comm.config import level_of
+from accordion_repro.comm.registry import level_option
 from accordion_repro.config import check_level_owner, validate, world_size_of
 from accordion_repro.engine.lr import build_epoch_lr, decay_epochs
 from accordion_repro.engine.settings import DistSettings, OptimSettings
@@ -185,10 +186,14 @@ def test_preset_fills_its_cell(preset):
     assert (c["model"]["name"], c["dataset"]["name"]) == (cell.model, cell.dataset)
     assert c["compressor"]["name"] == cell.compressor
     assert c["scale"]["name"] == "paper"
-    if preset in COMPARED:  # a successor's method: its schedule, at table 1's rank 2
+    if preset in COMPARED:  # a compared method: its schedule, at table 1's rank 2
         assert c["schedule"]["name"] == cell.schedule
-        # the compressor's own rank where the schedule keeps it, else null (never read)
-        assert c["compressor"]["rank"] == (None if SCHEDULES[cell.schedule].sets_levels else 2)
+        # the compressor's own level where the schedule keeps it, else null (never read)
+        own = c["compressor"][level_option(cell.compressor)]
+        assert own == (None if SCHEDULES[cell.schedule].sets_levels else 2)
+        if cell.compressor == "precision":  # Accordion fp32<->fp8 or bf16<->fp8, in bits
+            low = {"fp32": 32, "bf16": 16}[cell.method.split("_")[1]]
+            assert (c["schedule"]["low"], c["schedule"]["high"]) == (low, 8)
         return
     levels = preset_levels(c)
     if cell.method == "dense":
@@ -240,10 +245,10 @@ def _own_level(comp: dict):
 @pytest.mark.parametrize("scale", ["paper", "cpu", "cpu_full", "cpu_long"])
 @pytest.mark.parametrize("preset", sorted(COMPARED))
 def test_comparison_presets_compose_and_build_at_every_scale(preset, scale):
-    """The successors' presets at every scale: composed, and their reducer and schedule built
-    over the model's real layers (the schedules weigh layers by their shapes)."""
+    """The comparison tables' presets at every scale: composed, and their reducer and schedule
+    built over the model's real layers (the schedules weigh layers by their shapes)."""
     c = composed(preset, scale)
-    assert c["scale"]["name"] == scale and c["run"]["table"] == "successors"
+    assert c["scale"]["name"] == scale and c["run"]["table"] == COMPARED[preset].table
     _, reducer, schedule = build_pieces(c)
     levels = schedule.initial_plan().levels  # None: the compressor's own rank everywhere
     assert levels is None or len(levels) == reducer.num_compressible

@@ -202,7 +202,8 @@ def test_the_fp32_study_queues_each_central_arm_for_every_seed_then_topk_and_suc
                                             "table1/resnet18_powersgd_static_high",
                                             "fig2/resnet18_high_inside"]
     rest = order[len(central):]
-    assert rest == [(p, s) for group in (script.FP32_TOPK, script.FP32_SUCCESSORS)
+    assert rest == [(p, s) for group in (script.FP32_TOPK, script.FP32_SUCCESSORS,
+                                         script.FP32_PRECISION)
                     for p in group for s in script.FP32_SEEDS]
     assert not {s for _, s in order} & set(script.FP32_MORE_SEEDS)  # nothing decided yet
 
@@ -297,9 +298,10 @@ def test_study_status_lists_done_running_and_queued_runs_with_an_eta(tmp_path, c
     assert f"  done     {script.FIG2_REFERENCE} seed 42   25.0 min" in out
     assert f"  stopped  {script.FIG2_REFERENCE} seed 43  epoch 10/30" in out
     assert f"  queued   {script.FIG2_REFERENCE} seed 44  " in out
-    # table1/*: rank 2, rank 1 and Accordion for 3 seeds; 7 queued and 2/3 of the stopped one
-    # at the only median there is (25 min): 191.7 min, 3.2 h
-    assert out[-1].startswith("1 done, 0 running, 1 stopped, 7 queued; about 3.2 h of runs left")
+    # table1/*: rank 2, rank 1, Accordion and (for the precision arms' pairing) dense for 3
+    # seeds; 10 queued and 2/3 of the stopped one at the only median there is (25 min):
+    # 266.7 min, 4.4 h
+    assert out[-1].startswith("1 done, 0 running, 1 stopped, 10 queued; about 4.4 h of runs left")
 
 
 def test_commit_run_commits_the_run_its_plans_and_rebuilt_tables_and_nothing_else_staged(

@@ -918,6 +918,17 @@ def test_the_compressors_level_matters_only_where_the_schedule_reads_it(schedule
     assert config_delta(old, new) == ({} if same else {"compressor.rank": [2, None]})
 
 
+@pytest.mark.parametrize("plugins, same", [([], True), (["mypkg.compressors"], False)])
+def test_a_run_made_before_plugins_existed_resumes_without_them(plugins, same):
+    """conf/config.yaml's `plugins` (0.3.0) is absent from older runs' resolved.yaml, which ran
+    with none: resuming one without plugins is no config change; with one, it is named."""
+    from accordion_repro.rundir import config_delta
+
+    old = {"seed": 42}
+    assert config_delta(old, {"seed": 42, "plugins": plugins}) == (
+        {} if same else {"plugins": [[], plugins]})
+
+
 # Keys named by the run directory itself (seed<seed>, <scale.name>/<run.name>/; an experiment
 # sets run.name) or that are no config key (a Hydra group of Hydra's own).
 _IN_THE_PATH = {"seed", "run.name", "experiment", "scale", "hydra/launcher"}

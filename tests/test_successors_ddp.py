@@ -102,7 +102,8 @@ def test_successor_objects_check_the_compressor_and_flags_as_accordion_does(one_
     from accordion_repro.ddp import LGreCo, PhaseRule
     from accordion_repro.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"LGreCo takes 'acp_powersgd', 'powersgd' or 'topk' "
+    with pytest.raises(ConfigError, match=r"LGreCo takes 'acp_powersgd', 'powersgd', 'precision' or "
+                                          r"'topk' "
                                           r".*did you mean 'acp_powersgd'\?"):
         LGreCo(DistributedDataParallel(SmallNet()), "acp_powerSGD", r0=2)
     with pytest.raises(ConfigError, match="check_levels: must be true or false, got 'no'"):

@@ -157,9 +157,16 @@ def _optional_level(o: ScheduleOptions, option_name: str):
 
 def _max_rank(o: ScheduleOptions, option_name: str) -> int:
     """The largest PowerSGD candidate (read, and unused, under Top-K, whose grid is
-    min_fraction's); a compressor without levels is refused here, in schedules' one wording."""
-    if o.context.level_kind is None:
+    min_fraction's); a compressor without levels is refused here, in schedules' one wording,
+    and one whose levels are neither (precision's bits: no error table to choose from)."""
+    c = o.context
+    if c.level_kind is None:
         _level(o, option_name)
+    if c.level_kind not in (int, float):
+        raise ConfigError("schedule.name",
+                          f"schedule {c.schedule!r} chooses PowerSGD ranks or Top-K fractions "
+                          f"from their measured errors, but compressor {c.compressor!r} takes "
+                          "neither; use schedule=accordion with two of its levels")
     return o.integer(option_name, what="a PowerSGD rank")
 
 

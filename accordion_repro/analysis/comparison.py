@@ -24,6 +24,8 @@ from accordion_repro.analysis.stats import paired_stats
 from accordion_repro.utils import atomic_write_text
 
 DASH = "–"
+# The comparison tables whose presets reproduce_cpu.py's cpu_long study queues.
+STUDY_QUEUED = ("successors",)
 
 
 def t_interval(values: list[float]) -> tuple[float, float | None, float | None]:
@@ -139,8 +141,9 @@ def write_comparison_table(spec: ComparisonSpec, runs: pd.DataFrame,
         lines += block_lines
         rows += block_rows
     if runs.empty:
-        lines += ["No runs yet; run (the scale=cpu_long study queues them: "
-                  "`python scripts/reproduce_cpu.py --study cpu_long --only 'successors/*'`):",
+        queued = (" (the scale=cpu_long study queues them: `python scripts/reproduce_cpu.py "
+                  f"--study cpu_long --only '{spec.id}/*'`)" if spec.id in STUDY_QUEUED else "")
+        lines += [f"No runs yet; run{queued}:",
                   *(f"- `{run_command(preset, 'cpu_long')}`" for preset in spec.own_presets), ""]
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")

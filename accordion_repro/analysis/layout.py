@@ -266,7 +266,25 @@ SUCCESSORS = ComparisonSpec(
                 schedule="accordion"),
      _successor("phase_rule", "Phase rule (Accordion's floats)")),
     pairs=("accordion", "static_low"))
-COMPARISONS: dict[str, ComparisonSpec] = {SUCCESSORS.id: SUCCESSORS}
+
+
+def _precision(method: str, label: str) -> ComparisonCell:
+    return ComparisonCell(preset=f"precision/resnet18_{method}", table="precision",
+                          model="resnet18", dataset="cifar10", method=method, label=label,
+                          compressor="precision", schedule="accordion")
+
+
+# Accordion over transport precision (comm/precision.py): the detector picks each layer's wire
+# format, fp32 (or bf16) inside critical regimes and fp8 outside, against the dense run of the
+# same seeds (the fp32 level is that run's all-reduce, bit for bit).
+PRECISION = ComparisonSpec(
+    "precision", "Accordion over transport precision (ResNet-18, CIFAR-10)",
+    (ComparisonCell("table1/resnet18_powersgd_dense", "table1", "resnet18", "cifar10", "dense",
+                    "Dense (no compression)", "none", "static"),
+     _precision("accordion_fp32_fp8", "Accordion fp32<->fp8"),
+     _precision("accordion_bf16_fp8", "Accordion bf16<->fp8")),
+    pairs=("dense",))
+COMPARISONS: dict[str, ComparisonSpec] = {SUCCESSORS.id: SUCCESSORS, PRECISION.id: PRECISION}
 
 
 def all_presets() -> list[str]:

@@ -88,6 +88,12 @@ HEADERS: dict[str, str] = {
         "rank 1 everywhere. At cpu_long that is\n# 12,738 floats per step against Accordion's "
         "12,754 (mean of its three committed seeds);\n# tests/test_successors.py checks the "
         "match. At other widths the split keeps other layers small."),
+    **{f"precision/resnet18_accordion_{low}_fp8": (
+        f"# Accordion over transport precision -- ResNet-18 on CIFAR-10: Accordion {low}<->fp8: "
+        f"the\n# detector sends each layer's gradient in {low} inside critical regimes and in "
+        "fp8 (e4m3, one fp32\n# scale per 256 values) outside them, summed in fp32 "
+        "(docs/compressors.md, \"Transport precision\").\n# Compared with table1's dense runs "
+        "of the same seeds (analysis/layout.py).") for low in ("fp32", "bf16")},
 }
 
 # The schedule options of a cell whose method has no rule below (the successors' tuned ones).
@@ -96,6 +102,9 @@ BODIES: dict[str, str] = {
     "successors/resnet18_acp_accordion": "schedule:\n  low: 2\n  high: 1\n",
     "successors/resnet18_lgreco": "schedule:\n  r0: 2\n  gamma: 0.5\n  beta: 2.0\n  alpha: 1.0\n",
     "successors/resnet18_lgreco_accordion": "schedule:\n  r0: 2\n  low: 2\n  high: 1\n",
+    # precision's levels are bits per value: 32 fp32, 16 bf16, 8 fp8
+    "precision/resnet18_accordion_fp32_fp8": "schedule:\n  low: 32\n  high: 8\n",
+    "precision/resnet18_accordion_bf16_fp8": "schedule:\n  low: 16\n  high: 8\n",
     "successors/resnet18_phase_rule": (
         "schedule:\n"
         "  boundaries: [0.0666666667, 0.3333333333]  # epochs 2 and 10 of 30, 20 and 100 of 300\n"

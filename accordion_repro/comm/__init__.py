@@ -1,4 +1,5 @@
-"""Gradient reducers: dense all-reduce, PowerSGD, ACP-SGD and Top-K with per-layer levels.
+"""Gradient reducers: dense all-reduce, PowerSGD, ACP-SGD, Top-K and transport precision (fp32,
+bf16, fp8) with per-layer levels.
 
 `build_reducer(settings, params, group=...)` is what the engine calls, with the compressor's
 checked settings (RunSettings.compressor, comm/config.py); own code may pass a name and keywords.
@@ -13,6 +14,7 @@ from .build import build_reducer
 from .config import level_of
 from .ddp_hook import AccordionHookState, EpochMismatchError, LevelMismatchError, accordion_hook
 from .powersgd import PowerSGDReducer
+from .precision import PrecisionReducer
 from .registry import (COMPRESSORS, level_kind, level_option, register_compressor,
                        validate_compressor)
 from .stats import CommStats
@@ -21,6 +23,7 @@ from .topk import TopKReducer
 __all__ = [
     "AccordionHookState", "accordion_hook", "LevelMismatchError", "EpochMismatchError",
     "CommStats", "Reducer", "DenseReducer", "PowerSGDReducer", "ACPPowerSGDReducer", "TopKReducer",
+    "PrecisionReducer",
     "build_reducer", "validate_compressor", "level_kind", "level_option", "level_of",
     "COMPRESSORS", "register_compressor",
 ]

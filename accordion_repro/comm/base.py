@@ -53,6 +53,10 @@ class Reducer:
     # Whether the first collective of _compressed_steps is an all-reduce sum whose buffer can
     # carry the dense tensors too (PowerSGD's P, ACP-SGD's factor; not Top-K's all-gather).
     CARRIES_DENSE = False
+    # Whether the FSDP path hands the compressed layers to reduce_scatter_compressed, which
+    # returns only this rank's chunk of each average (precision's all-to-all), instead of
+    # average_compressed, which makes each whole average on every rank (comm/fsdp.py).
+    REDUCE_SCATTERS = False
 
     def __init__(self, params: Sequence[torch.Tensor], *, group=None, default_level=None,
                  error_feedback: bool = False):

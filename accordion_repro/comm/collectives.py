@@ -102,6 +102,21 @@ class Communicator:
         stats.bytes_sent += flat.numel() * flat.element_size()
         dist.reduce_scatter_tensor(output, flat, op=op, group=self.group)
 
+    def all_to_all_async(self, send: torch.Tensor, stats: CommStats):
+        """Start sending row j of `send` (world_size, n) to rank j: (the (world_size, n) rows
+        received, row r from rank r, valid once every work handle is waited on, and the list of
+        those handles, empty when nothing was sent). Counted as its input, as every collective
+        here (this rank's own row included, which stays on the rank).
+
+        One worker: its row is its own (`send` itself is returned)."""
+        if not self.distributed or send.numel() == 0:
+            return send, []
+        stats.collectives += 1
+        stats.bytes_sent += send.numel() * send.element_size()
+        received = torch.empty_like(send)
+        return received, [dist.all_to_all_single(received, send, group=self.group,
+                                                 async_op=True)]
+
     def all_gather(self, local: torch.Tensor, stats: CommStats) -> torch.Tensor:
         """Stack every worker's `local` (same size on all) into one (world_size, n) tensor."""
         gathered, handles = self.all_gather_async(local, stats)

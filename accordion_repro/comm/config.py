@@ -3,9 +3,13 @@
 
 The dataclasses are where the compressors' defaults live (the reducers are used without Hydra,
 through build_reducer and AccordionHookState); conf/compressor/*.yaml repeats none of them and
-gets them through config.register_defaults. The level option (`rank`, `ratio`) has no default
-here: conf/ gives it (null under a schedule that sets every layer's level), and a caller of
-build_reducer must.
+gets them through config.register_defaults. The level option (`rank`, `ratio`, `bits`) has no
+default here: conf/ gives it (null under a schedule that sets every layer's level), and a caller
+of build_reducer must.
+
+Three kinds of level, and for each a larger number sends more (schedules.py's low/high check
+and the metrics' ordering rely on it): int PowerSGD ranks, float Top-K kept fractions, and
+PrecisionBits, the bits per value a precision level sends (a plain int, 32, 16 or 8).
 """
 
 from __future__ import annotations
@@ -16,6 +20,20 @@ from typing import ClassVar
 
 from ..errors import ConfigError
 from ..options import Options, Settings, is_int, is_real, option
+
+
+class PrecisionBits:
+    """The kind of the precision compressor's level: the bits per gradient value on the wire,
+    32 (fp32: the exact dense all-reduce), 16 (bf16) or 8 (fp8, with per-block fp32 scales).
+
+    A level itself is a plain int; this class only names the kind, so that code that asks
+    `level_kind(name) is int` (PowerSGD ranks: L-GreCo, auto's rank candidates) or `is float`
+    (Top-K fractions) never takes bits for a rank or a fraction. More bits send more, as a
+    higher rank or a larger fraction does, so `low` is the wider format and `high` the narrower.
+    """
+
+    VALUES = (32, 16, 8)
+    NAMES = {"fp32": 32, "bf16": 16, "fp8": 8}  # accepted for a level, read as its bits
 
 
 def _level(kind: type):
@@ -83,14 +101,49 @@ class TopKSettings(Settings):
         help="the released code's Top-K: sum the selections, no memory")
 
 
+FP8_FORMATS = ("e4m3", "e5m2")
+
+
+@dataclass(frozen=True)
+class PrecisionSettings(Settings):
+    """comm/precision.py: each layer's gradient sent in fp32, bf16 or fp8 and summed in fp32."""
+
+    SECTION = "compressor"
+    LEVEL: ClassVar[tuple] = ("bits", PrecisionBits)
+    bits: int | None = option(
+        _level(PrecisionBits),
+        help="bits per value of every layer on the wire: 32 (fp32, exact), 16 (bf16) or 8 "
+             "(fp8; fp32/bf16/fp8 are accepted too), unless a schedule sets levels")
+    fp8_format: str = option(
+        Options.choice, FP8_FORMATS, default="e4m3",
+        help="the fp8 of level 8: e4m3 (3 mantissa bits, max 448) or e5m2 (2 bits, max 57344)")
+    block_size: int = option(
+        Options.integer, default=256,
+        help="fp8: values per fp32 scale (amax / the format's max), within each rank's piece")
+    stochastic_rounding: bool = option(
+        Options.flag, default=False,
+        help="round to bf16/fp8 stochastically (unbiased), seeded by (seed, layer, step, rank)")
+    seed: int = option(
+        Options.integer, minimum=0, default=0,
+        help="seeds stochastic rounding (conf ties it to ${seed})")
+
+
 def level_of(settings: Settings):
-    """The compressor's own level from its checked settings: a rank, a ratio, or None."""
+    """The compressor's own level from its checked settings: a rank, a ratio, bits, or None."""
     option = type(settings).LEVEL[0]
     return None if option is None else getattr(settings, option)
 
 
 def check_level(kind: type, value, key: str) -> int | float:
-    """A rank is an int >= 1; a Top-K ratio a number in (0, 1] (returned as float)."""
+    """A rank is an int >= 1; a Top-K ratio a number in (0, 1] (returned as float); a precision
+    level 32, 16 or 8 bits, or its name fp32, bf16, fp8 (returned as the int)."""
+    if kind is PrecisionBits:
+        if isinstance(value, str) and value.lower() in PrecisionBits.NAMES:
+            return PrecisionBits.NAMES[value.lower()]
+        if not is_int(value) or int(value) not in PrecisionBits.VALUES:
+            raise ConfigError(key, f"the precision level is the bits per value on the wire: 32 "
+                                   f"(fp32), 16 (bf16) or 8 (fp8), got {value!r}")
+        return int(value)
     if kind is int:
         if not is_int(value) or value < 1:
             raise ConfigError(key, f"the PowerSGD rank must be an integer >= 1, got {value!r}")

@@ -13,7 +13,9 @@ split (Reducer.split_dense) sends 1-D tensors and layers at non-compressing leve
 reduce-scatter of just those (the bytes plain FSDP would send for them, the same numbers), and
 compresses the rest as the DDP path does (PowerSGD: P all-reduce, orthonormalise, Q all-reduce;
 Top-K: one all-gather) with error feedback. Only this rank's chunk of each averaged gradient is
-written out. A compressed layer's error memory is the whole layer on every rank: compression
+written out. The precision compressor reduce-scatters instead (Reducer.REDUCE_SCATTERS): an
+all-to-all of each rank's low-precision chunks of FSDP's own layout and an fp32 sum of the chunk
+this rank keeps, no all-gather. A compressed layer's error memory is the whole layer on every rank: compression
 needs the whole local gradient, which is the part of FSDP's gradient-memory saving it gives back
 (Reducer.memory_bytes says how much).
 
@@ -315,12 +317,20 @@ class FSDPReducerState(ReducerState):
             sizes = [layout.chunk_numels[j] for j in dense_at]
             for j, part in zip(dense_at, averaged.split(sizes)):
                 output[layout.offsets[j]:][:part.numel()].copy_(part)
-        reducer.average_compressed(compressed, step)
         dense = set(dense_at)
-        for j in range(len(grads)):
-            if j not in dense:
-                output[layout.offsets[j]:][:layout.chunk_numels[j]].copy_(
-                    layout.chunk(padded[j], j, self.rank))
+        scattered = [j for j in range(len(grads)) if j not in dense]
+        if reducer.REDUCE_SCATTERS and compressed:  # only this rank's chunk of each average
+            for j in scattered:  # FSDP's padding rows: zeros whatever FSDP left there (scales)
+                padded[j][layout.shapes[j][0]:].zero_()
+            pieces = [(reducer.layer_of_tensor[layout.positions[j]],
+                       padded[j].view(self.world_size, layout.chunk_numels[j]))
+                      for j in scattered]
+            chunks = reducer.reduce_scatter_compressed(pieces, step)
+        else:  # each whole average on every rank, then this rank's chunk of it
+            reducer.average_compressed(compressed, step)
+            chunks = [layout.chunk(padded[j], j, self.rank) for j in scattered]
+        for j, chunk in zip(scattered, chunks):
+            output[layout.offsets[j]:][:layout.chunk_numels[j]].copy_(chunk)
 
     def _end_step(self) -> None:
         """After the backward pass: every unit has reduced (FSDP's own final callback, queued

@@ -5,10 +5,10 @@ Each entry is its reducer class, which carries every fact of its compressor: `na
 `compressor.name` that selects it), `SETTINGS` (its options, defaults and level option:
 comm/config.py), `STEP_COLLECTIVES` and `WIRE_OP` (what a step puts on the wire, for
 schedule=auto's pricing and the analysis' predicted times) and `floats_per_step` (its wire cost
-at given levels). Adding a compressor is its module, one `register_compressor` line, and a
-conf/compressor/<name>.yaml for `compressor=<name>` (without one, `compressor.name=<name>` over
-any compressor group whose options it shares selects it); tests/test_compressor_contract.py
-then tests it, a toy compressor defined in that test file included.
+at given levels). Adding a compressor is its module and one `register_compressor` line; with
+`plugins=[its module]` it is `compressor=<name>` on the command line, a
+conf/compressor/<name>.yaml optional (config.register_defaults). tests/test_compressor_contract.py
+runs the contract on every registered compressor, and on the toy of tests/toy_compressor.py.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from ..options import Settings
 from .acp import ACPPowerSGDReducer
 from .base import DenseReducer, Reducer
 from .powersgd import PowerSGDReducer
+from .precision import PrecisionReducer
 from .topk import TopKReducer
 
 COMPRESSORS: dict[str, type[Reducer]] = {}
@@ -45,7 +46,7 @@ def register_compressor(reducer: type[Reducer]) -> type[Reducer]:
     return reducer
 
 
-for _reducer in (DenseReducer, PowerSGDReducer, ACPPowerSGDReducer, TopKReducer):
+for _reducer in (DenseReducer, PowerSGDReducer, ACPPowerSGDReducer, TopKReducer, PrecisionReducer):
     register_compressor(_reducer)
 
 
