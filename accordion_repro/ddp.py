@@ -35,7 +35,7 @@ from .accordion import SCHEDULES, DetectorSettings, Plan, build_schedule
 from .accordion.controller import AdaptController
 from .comm.registry import COMPRESSORS, level_kind, level_option
 from .comm.ddp_hook import AccordionHookState, accordion_hook, check_agreement
-from .comm.fsdp import FSDPReducerState, is_fsdp_model
+from .comm.fsdp import FSDPReducerState, FSDPSetupError, is_fsdp_model
 from .comm.stats import CommStats
 from .errors import AccordionWarning, ConfigError
 from .options import Options, defaults_of, is_real
@@ -102,15 +102,20 @@ class AdaptiveCompression:
     TAKES_TOTAL_EPOCHS = False  # only a schedule with epochs as fractions of the run needs it
 
     def __init__(self, ddp_model, compressor: str = "powersgd", *,
-                 async_op: bool = True, check_levels: bool = True,
+                 async_op: bool | None = None, check_levels: bool = True,
                  total_epochs: int | None = None, **options):
-        """`total_epochs`: only for epochs given as fractions of the run (phase_rule)."""
+        """`total_epochs`: only for epochs given as fractions of the run (phase_rule).
+        `async_op` (DDP only; default True): interleave the compressed reduction with backward."""
         who = type(self).__name__
         fsdp = is_fsdp_model(ddp_model)
         if not fsdp and not isinstance(ddp_model, DistributedDataParallel):
             raise TypeError(f"{who} needs the DistributedDataParallel-wrapped model or a "
                             "model wrapped with fully_shard (it hooks their gradient "
                             f"communication), got {type(ddp_model).__name__}")
+        if fsdp and async_op is not None:  # it would be accepted and do nothing
+            raise TypeError(f"{who}(async_op=...) is DDP's only: under FSDP each unit's "
+                            "reduce-scatter runs in FSDP's own stream; leave async_op out")
+        async_op = True if async_op is None else async_op
         attached = getattr(ddp_model, ATTACHED, None)
         if attached is not None:  # torch would say only "register_comm_hook must be called once"
             raise ValueError(f"{who}: this model already has {attached} attached (one "
@@ -202,6 +207,26 @@ class AdaptiveCompression:
         setattr(ddp_model, ATTACHED, who)
         if self.check_levels:  # before FSDP's own pre-forward hook (its all-gather) too
             ddp_model.register_forward_pre_hook(self._check_before_forward, prepend=fsdp)
+        if fsdp:
+            self._watch_for_a_child_unit(ddp_model, who)
+            if world_size == 1 and self.rank == 0:
+                warnings.warn(f"{who}: this FSDP model is sharded over 1 rank, so no gradient "
+                              "is reduced and Accordion compresses nothing; run it on 2 or more "
+                              "ranks", AccordionWarning, stacklevel=2)
+
+    @staticmethod
+    def _watch_for_a_child_unit(model, who: str) -> None:
+        """Refuse, at the first forward, a unit that is not FSDP's root (a child passed instead
+        of the root would leave every other unit's gradients uncompressed). Which unit is the
+        root is known only once the root's forward has set FSDP's state up (lazy init)."""
+        def check(module, args):
+            handle.remove()
+            if module._get_fsdp_state()._is_root is False:
+                raise FSDPSetupError(f"{who} was given an FSDP unit that is not the root of "
+                                     f"its model ({type(module).__name__}): pass the module "
+                                     "fully_shard was applied to last, the root, so that every "
+                                     "unit's gradient goes through Accordion")
+        handle = model.register_forward_pre_hook(check)
 
     def _start_level(self, schedule_options: dict):
         """The compressor's level before the first plan (each subclass's own argument)."""
@@ -332,7 +357,7 @@ class Accordion(AdaptiveCompression):
     LEVEL_FROM = "low"
 
     def __init__(self, ddp_model: DistributedDataParallel, compressor: str = "powersgd", *,
-                 low, high, async_op: bool = True, check_levels: bool = True, **options):
+                 low, high, async_op: bool | None = None, check_levels: bool = True, **options):
         super().__init__(ddp_model, compressor, low=low, high=high, async_op=async_op,
                          check_levels=check_levels, **options)
 
@@ -347,7 +372,7 @@ class LGreCo(AdaptiveCompression):
     LEVEL_FROM = "r0"
 
     def __init__(self, ddp_model: DistributedDataParallel, compressor: str = "powersgd", *,
-                 r0: int, async_op: bool = True, check_levels: bool = True, **options):
+                 r0: int, async_op: bool | None = None, check_levels: bool = True, **options):
         super().__init__(ddp_model, compressor, r0=r0, async_op=async_op,
                          check_levels=check_levels, **options)
 
@@ -360,8 +385,8 @@ class LGreCoAccordion(AdaptiveCompression):
     LEVEL_FROM = "low"
 
     def __init__(self, ddp_model: DistributedDataParallel, compressor: str = "powersgd", *,
-                 r0: int, low: int, high: int, async_op: bool = True, check_levels: bool = True,
-                 **options):
+                 r0: int, low: int, high: int, async_op: bool | None = None,
+                 check_levels: bool = True, **options):
         super().__init__(ddp_model, compressor, r0=r0, low=low, high=high, async_op=async_op,
                          check_levels=check_levels, **options)
 
@@ -377,7 +402,7 @@ class PhaseRule(AdaptiveCompression):
 
     def __init__(self, ddp_model: DistributedDataParallel, compressor: str = "powersgd", *,
                  boundaries, splits, levels, total_epochs: int | None = None,
-                 async_op: bool = True, check_levels: bool = True, **options):
+                 async_op: bool | None = None, check_levels: bool = True, **options):
         super().__init__(ddp_model, compressor, boundaries=boundaries, splits=splits,
                          levels=levels, total_epochs=total_epochs, async_op=async_op,
                          check_levels=check_levels, **options)

@@ -390,6 +390,39 @@ def test_unsupported_fsdp_setups_are_refused_with_one_line(one_rank_group, case)
     assert expected in message and "\n" not in message, message
 
 
+def test_async_op_under_fsdp_is_refused_in_one_line(one_rank_group):
+    from accordion_repro.ddp import Accordion
+
+    with pytest.raises(TypeError) as caught:
+        Accordion(_shard(SmallNet()), "powersgd", low=2, high=1, async_op=True)
+    message = str(caught.value)
+    assert "async_op=...) is DDP's only" in message and "\n" not in message
+
+
+def test_a_one_rank_fsdp_model_is_named_as_compressing_nothing(one_rank_group):
+    from accordion_repro.ddp import Accordion, AccordionWarning
+
+    with pytest.warns(AccordionWarning, match="sharded over 1 rank, so no gradient is reduced"):
+        Accordion(_shard(SmallNet()), "powersgd", low=2, high=1)
+
+
+def test_a_child_unit_passed_instead_of_the_root_is_refused_at_the_first_forward(one_rank_group):
+    import warnings
+
+    from accordion_repro.comm.fsdp import FSDPSetupError
+    from accordion_repro.ddp import Accordion
+
+    model = _shard(SmallNet())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the one-rank warning
+        Accordion(model.fc1, "powersgd", low=2, high=1)
+    x, _ = _batches(0, 1)[0]
+    with pytest.raises(FSDPSetupError) as caught:
+        model(x)
+    message = str(caught.value)
+    assert "not the root of its model" in message and "\n" not in message
+
+
 # ---- the trainer: dist.strategy=fsdp ------------------------------------------------------------
 CONFIG_REFUSED = {
     "unknown_strategy": (["dist.strategy=hsdp"], "dist.strategy", "must be one of ddp, fsdp"),
