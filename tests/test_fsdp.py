@@ -390,6 +390,23 @@ def test_unsupported_fsdp_setups_are_refused_with_one_line(one_rank_group, case)
     assert expected in message and "\n" not in message, message
 
 
+@pytest.mark.parametrize("backend, installed", [("gloo", True), ("nccl", False)])
+def test_the_segmented_all_gather_goes_only_where_gloo_gathers(one_rank_group, monkeypatch,
+                                                               backend, installed):
+    """Over NCCL a custom all-gather gains nothing and breaks set_symm_mem_for_comm(); the
+    backend is what the unit's all-gather group reports (NCCL pretended here)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather
+
+    from accordion_repro.comm import fsdp as comm_fsdp
+
+    model = _shard(SmallNet())
+    monkeypatch.setattr(comm_fsdp.dist, "get_backend", lambda group=None: backend)
+    comm_fsdp.segment_all_gathers(model)
+    kinds = {type(unit._get_fsdp_state()._fsdp_param_groups[0]._all_gather_comm)
+             for unit in comm_fsdp.fsdp_units(model)}
+    assert kinds == ({comm_fsdp.SegmentedAllGather} if installed else {DefaultAllGather})
+
+
 def test_async_op_under_fsdp_is_refused_in_one_line(one_rank_group):
     from accordion_repro.ddp import Accordion
 

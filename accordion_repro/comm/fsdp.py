@@ -145,17 +145,22 @@ def fsdp_units(model: torch.nn.Module) -> list[FSDPModule]:
 
 
 def segment_all_gathers(model: torch.nn.Module) -> SegmentedAllGather:
-    """Give every FSDP unit of `model` that still has FSDP's default all-gather one shared
-    SegmentedAllGather (a unit with its own custom all-gather keeps it); the one installed.
+    """Give every FSDP unit of `model` that gathers over gloo and still has FSDP's default
+    all-gather one shared SegmentedAllGather (a unit with its own custom all-gather keeps it);
+    the one installed.
 
     Called by the trainer's shard_model and by Accordion(fsdp_model), so that a model sharded
-    either way gathers its parameters as Communicator does."""
+    either way gathers its parameters as Communicator does. Only over gloo, where the segments
+    are the gain: over NCCL SegmentedAllGather is one call, as FSDP's own, and a custom
+    all-gather there only breaks what FSDP does with its default one (set_symm_mem_for_comm()
+    asserts on it)."""
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather
 
     comm = SegmentedAllGather()
     for unit in fsdp_units(model):
         groups = unit._get_fsdp_state()._fsdp_param_groups
-        if len(groups) == 1 and type(groups[0]._all_gather_comm) is DefaultAllGather:
+        if (len(groups) == 1 and type(groups[0]._all_gather_comm) is DefaultAllGather
+                and dist.get_backend(groups[0]._all_gather_process_group) == "gloo"):
             unit.set_custom_all_gather(comm)
     return comm
 
