@@ -581,3 +581,27 @@ def test_docs_example_runs_under_torchrun_and_resumes(tmp_path):
     assert "error memory 0 bytes" not in first[0]
     resumed = run(4)  # picks up the per-rank checkpoints of epoch 1
     assert [line.split(":")[0] for line in resumed] == ["epoch 2", "epoch 3"]
+
+
+@pytest.mark.slow
+@distributed
+def test_an_fsdp_step_warns_no_deprecation(tmp_path):
+    """torch 2.14 deprecates reduce_scatter_tensor with a FutureWarning that every FSDP run
+    printed; the dense tensors' reduce-scatter now uses reduce_scatter_single."""
+    out = run_workers(_deprecation_worker, tmp_path, timeout=240)
+    assert out == [[], []]
+
+
+def _deprecation_worker(rank):
+    import warnings
+
+    from accordion_repro.ddp import Accordion
+
+    torch.manual_seed(0)
+    model = _shard(SmallNet())
+    Accordion(model, "powersgd", low=2, high=2)  # rank 2: SmallNet's small layers go dense
+    x, y = _batches(rank, 1)[0]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    return [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))]

@@ -21,6 +21,11 @@ _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_i
 GLOO_ALLGATHER_SEGMENT = 65_536
 
 
+# torch 2.14 deprecates reduce_scatter_tensor (a FutureWarning on every run) for
+# reduce_scatter_single, which older torch lacks: the current name where there is one.
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 def distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
@@ -100,7 +105,7 @@ class Communicator:
             return
         stats.collectives += 1
         stats.bytes_sent += flat.numel() * flat.element_size()
-        dist.reduce_scatter_tensor(output, flat, op=op, group=self.group)
+        _reduce_scatter_single(output, flat, op=op, group=self.group)
 
     def all_to_all_async(self, send: torch.Tensor, stats: CommStats):
         """Start sending row j of `send` (world_size, n) to rank j: (the (world_size, n) rows
