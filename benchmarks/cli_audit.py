@@ -116,7 +116,7 @@ LGRECO = "compressor=powersgd schedule=lgreco"
 BATCH = "schedule=batch_accordion"
 JOINT = "compressor=powersgd schedule=joint"
 WINDOWS = "compressor=powersgd schedule=regime_windows"
-PHASE = "compressor=powersgd schedule=phase_rule"
+PHASE = "compressor=powersgd schedule=phase_rule trainer.epochs=4"  # boundaries inside the run
 STATIC_DETECT = "compressor=powersgd schedule=static schedule.detect=true"
 LSTM = ("model=lstm model.num_layers=1 model.hidden_size=16 model.embedding_size=16 "
         "optim=lstm dataset=synthetic_text dataset.vocab_size=50 dataset.train_tokens=4000 "
