@@ -566,10 +566,10 @@ def _run_to_end(config: str, run_dir: Path, timeout: float = 900) -> subprocess.
                           start_new_session=True)
 
 
-def reference(config: str, work: Path, cache: dict) -> Path:
-    """The uninterrupted run of `config`, once per audit."""
+def reference(config: str, root: Path, cache: dict) -> Path:
+    """The uninterrupted run of `config`, once per audit (under `root`/ref)."""
     if config not in cache:
-        run_dir = work / "ref" / config
+        run_dir = root / "ref" / config
         done = _run_to_end(config, run_dir)
         if done.returncode != 0 or _metrics_lines(run_dir) != EPOCHS:
             raise RuntimeError(f"the reference run of {config} failed (exit {done.returncode}): "
@@ -618,8 +618,8 @@ def _send(case: Kill, proc: subprocess.Popen) -> None:
         os.kill(ranks[rank], signal.SIGKILL)
 
 
-def run_kill(case: Kill, work: Path, refs: dict) -> dict:
-    ref = reference(case.config, work, refs)
+def run_kill(case: Kill, work: Path, refs: dict, root: Path) -> dict:
+    ref = reference(case.config, root, refs)
     run_dir = work / "run"
     start = time.perf_counter()
     proc = subprocess.Popen([*CLI, *CONFIGS[case.config], f"hydra.run.dir={run_dir}"], cwd=REPO,
@@ -703,7 +703,7 @@ def run_cases(cases: list, work: Path, keep: bool = False, echo=print) -> list[d
         folder = work / case.id
         try:
             if isinstance(case, Kill):
-                got = run_kill(case, folder, refs)
+                got = run_kill(case, folder, refs, work)
             else:
                 got = run_bad_input(case, folder)
         except Exception as exc:  # noqa: BLE001  (the harness's own failure is a case's FAILED)
