@@ -265,14 +265,10 @@ def validate(cfg: DictConfig) -> RunSettings:
     t = TrainerSettings.from_config(c["trainer"], owner="trainer")
     optim = OptimSettings.from_config(c["optim"], owner=f"optimizer {c['optim'].get('name')!r}")
     # reads optim through OptimSettings, then checks optim.decay_at and official_decay_compare;
-    # what it warns about is shown here once, one line each (rank 0 under torchrun or Slurm)
+    # what it warns about is shown once, one line each (rank 0 under torchrun or Slurm), at the end
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConfigWarning)
         build_epoch_lr(optim, total_epochs=t.epochs, world_size=1, batch_size=t.batch_size)
-    if env_rank() == 0:
-        for warning in caught:
-            print(f"warning: {warning.message}", file=sys.stderr)
-        _warn_if_bf16_is_emulated(t)
     dist_settings = DistSettings.from_config(c["dist"], owner="dist")
     world = world_size_of(dist_settings)
     if dist_settings.strategy == "fsdp":
@@ -306,6 +302,11 @@ def validate(cfg: DictConfig) -> RunSettings:
     dataset = dataset_settings(c["dataset"])
     check_dataset(dataset)
     _check_feasible(sched_name, schedule, comp_name, world, t, model_name, model_options, dataset)
+    # the warnings only once every check passed: a refused job's stderr is its one error line
+    if env_rank() == 0:
+        for warning in caught:
+            print(f"warning: {warning.message}", file=sys.stderr)
+        _warn_if_bf16_is_emulated(t)
     return RunSettings(
         seed=seed, scale=c["scale"]["name"], trainer=t,
         optim=optim, dist=dist_settings, model_name=model_name, model=model_options,

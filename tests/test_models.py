@@ -220,3 +220,17 @@ def test_bad_config_raises_config_error_naming_the_key(kwargs, key):
 def test_unknown_model_message_lists_the_choices():
     with pytest.raises(ConfigError, match="unknown model 'x'; choose one of resnet18, vgg19bn"):
         build_model("x", num_classes=10)
+
+
+def test_tied_lstm_sizes_are_checked_with_the_options_before_any_rank_starts():
+    """Issue 56's CLI audit (lstm-tied-sizes): model.embedding_size=8 with hidden_size=16 was
+    refused only when the model was built, after resolved.yaml was written, and after the
+    validation's warnings. The settings refuse it, naming model.tied."""
+    from accordion_repro.models.factory import model_settings
+
+    options = {"num_layers": 1, "hidden_size": 16, "embedding_size": 8, "tied": True,
+               "dropout": 0.0}
+    with pytest.raises(ConfigError, match="embedding_size == hidden_size") as err:
+        model_settings("lstm", options)
+    assert err.value.key == "model.tied"
+    assert model_settings("lstm", {**options, "tied": False}).embedding_size == 8

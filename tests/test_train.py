@@ -191,6 +191,22 @@ def test_an_unknown_key_is_refused_naming_it_in_every_config_group(group, prefix
     assert err.value.key == key
 
 
+def test_a_refused_config_prints_no_warning_before_its_error(capsys):
+    """Issue 56's audit (benchmarks/cli_audit.py, phase-boundary-after-run): a 3-epoch run's
+    default decay_at warned, then the phase after the run was refused, two lines where a refusal
+    is one. The warnings come once every check has passed."""
+    from accordion_repro.config import validate
+
+    warned = ["dataset=synthetic_cifar10", "trainer.epochs=3"]
+    validate(compose_cfg(warned))
+    assert "warning: optim.decay_at" in capsys.readouterr().err
+    with pytest.raises(ConfigError) as err:
+        validate(compose_cfg([*warned, "compressor=powersgd", "schedule=phase_rule",
+                              "schedule.boundaries=[5]", "schedule.splits=[]",
+                              "schedule.levels=[[2],[1]]"]))
+    assert err.value.key == "schedule.boundaries[0]" and capsys.readouterr().err == ""
+
+
 def test_missing_dataset_is_one_line_before_training(tmp_path):
     from accordion_repro.config import validate
 

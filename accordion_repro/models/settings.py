@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import ConfigError
 from ..options import Options, Settings, option
 
 SE_REDUCTION = 16  # squeeze-excitation gate: channels // 16 hidden units
@@ -44,6 +45,18 @@ class LSTMSettings(Settings):
     dropout: float = option(
         Options.number, closed="low", high=1.0, default=0.4,
         help="dropout probability between layers")
+
+    @classmethod
+    def read(cls, o: Options):
+        """The options, and tied weights' sizes checked here, before any rank starts (the
+        model's own check came after resolved.yaml was written: issue 56's CLI audit)."""
+        settings = super().read(o)
+        if settings.tied and settings.embedding_size != settings.hidden_size:
+            raise ConfigError(
+                "model.tied",
+                f"tied weights need embedding_size == hidden_size, got {settings.embedding_size} "
+                f"and {settings.hidden_size}; set model.tied=false or make the sizes equal")
+        return settings
 
 
 # The options that scale a model down from the paper's (the analysis names a run that changes one).
