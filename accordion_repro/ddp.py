@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from .accordion import SCHEDULES, DetectorSettings, Plan, build_schedule
-from .accordion.controller import AdaptController
+from .accordion.controller import AdaptController, AdaptViews
 from .comm.registry import COMPRESSORS, level_kind, level_option
 from .comm.ddp_hook import AccordionHookState, accordion_hook, check_agreement
 from .comm.fsdp import FSDPReducerState, FSDPSetupError, is_fsdp_model
@@ -83,7 +83,7 @@ def _in_callers_words(exc: ConfigError, level: str, level_from: str,
 ATTACHED = "_accordion_repro_attached"  # set on a model an Accordion-family object hooks
 
 
-class AdaptiveCompression:
+class AdaptiveCompression(AdaptViews):
     """One object on a DistributedDataParallel or fully_shard model: the hook, rank 0's
     measurement, the schedule; per-layer levels decided at the end of each epoch and applied on
     every rank.
@@ -247,22 +247,7 @@ class AdaptiveCompression:
         if module.training and torch.is_grad_enabled():
             check_agreement(self.state.reducer)
 
-    # ---- what users read ------------------------------------------------------------------
-    @property
-    def schedule(self):
-        """The schedule (accordion.SCHEDULES[self.SCHEDULE]) that plans each epoch's levels."""
-        return self.adapt.schedule
-
-    @property
-    def detector(self):
-        """Rank 0's critical-regime detector (None on the other ranks and without one)."""
-        return self.adapt.detector
-
-    @property
-    def plan(self) -> Plan:
-        """The plan in force: each layer's level (and batch scale) until the next end_epoch."""
-        return self.adapt.plan
-
+    # ---- what users read (and schedule, detector, plan: AdaptViews) ----------------------
     @property
     def layer_names(self) -> list[str]:
         """The compressible parameters (2 or more dimensions), in the order of `levels`."""

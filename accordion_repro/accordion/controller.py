@@ -102,3 +102,25 @@ class AdaptController:
         self.plan = plan if isinstance(plan, Plan) else Plan.from_dict(plan)
         if replan_from is not None:
             self.plan = self.schedule.replan(replan_from)
+
+
+class AdaptViews:
+    """Read-only views of an `adapt` controller, for the objects that hold one (the trainer,
+    ddp.py's AdaptiveCompression): what users and the loop read, written once."""
+
+    adapt: AdaptController
+
+    @property
+    def schedule(self) -> Schedule:
+        """The schedule that plans each epoch's levels."""
+        return self.adapt.schedule
+
+    @property
+    def detector(self):
+        """Rank 0's critical-regime detector (None on the other ranks and without one)."""
+        return self.adapt.detector
+
+    @property
+    def plan(self) -> Plan:
+        """The plan in force: each layer's level (and batch scale) until the next decision."""
+        return self.adapt.plan

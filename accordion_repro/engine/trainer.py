@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from accordion_repro.accordion import Plan, build_schedule
-from accordion_repro.accordion.controller import AdaptController
+from accordion_repro.accordion import build_schedule
+from accordion_repro.accordion.controller import AdaptController, AdaptViews
 from accordion_repro.comm import build_reducer
 from accordion_repro.comm.config import level_of
 from accordion_repro.comm.collectives import control_group
@@ -79,7 +79,7 @@ def _marking_last(batches, accum: int):
         batch = upcoming
 
 
-class Trainer:
+class Trainer(AdaptViews):
     def __init__(self, run: RunSettings, run_dir: Path):
         """`run`: config.validate's RunSettings; each component gets its own checked part."""
         self.run = require_settings(run, RunSettings, "Trainer", "config.validate(cfg) returns it")
@@ -155,20 +155,6 @@ class Trainer:
             self.run_dir, config=run.resolved, wandb=run.wandb,
             wandb_id=self.wandb_id) if self.rank == 0 else NullRunLogger()
         self.logger.truncate_from(self.start_epoch)
-
-    @property
-    def schedule(self):
-        return self.adapt.schedule
-
-    @property
-    def detector(self):
-        """Rank 0's detector (None elsewhere and without one)."""
-        return self.adapt.detector
-
-    @property
-    def plan(self) -> Plan:
-        """The plan in force this epoch."""
-        return self.adapt.plan
 
     # ----------------------------------------------------------------------------------- set-up
     def _broadcast_model(self) -> None:
