@@ -27,7 +27,8 @@ REFERENCE = "table1/resnet18_powersgd_static_low"
 
 def _committed_seeds() -> list[tuple[str, str]]:
     return sorted((study, path.parent.name) for study in STUDIES
-                  for path in (RUNS / study).glob(f"{INSIDE}/seed*/summary.json"))
+                  for path in (RUNS / study).glob(f"{INSIDE}/seed*/summary.json")
+                  if json.loads(path.read_text()).get("status") == "completed")
 
 
 def _rank1_epochs(run_dir: Path) -> list[int]:
